@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One-time, idempotent set-up: system packages, then a .venv with the project (editable) and test extras.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v clang >/dev/null || need+=(clang)            # tinygrad's CPU backend compiles with clang
+python3 -c 'import ensurepip' 2>/dev/null || need+=(python3-venv)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing system packages: ${need[*]}"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  else
+    echo "setup: missing system packages: ${need[*]}" >&2
+    echo "setup: run: sudo apt-get install -y ${need[*]}   then run make again" >&2
+    exit 1
+  fi
+fi
+
+stamp=.venv/.installed
+if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then exit 0; fi
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[test]'
+touch "$stamp"
+echo "setup: done (.venv)"
