@@ -1,0 +1,46 @@
+"""Parse primitives for openpilot-style model outputs (REFERENCE §4), shared by both daemons' parsers.
+
+Pure numpy, no NaN from finite inputs: exponentials are clamped or taken of non-positive numbers only.
+"""
+import numpy as np
+
+def safe_exp(x: np.ndarray) -> np.ndarray:
+  """exp(min(x, 11)): a std from a log-std the model may have pushed far out."""
+  return np.exp(np.minimum(x, 11.0))
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+  e = np.exp(-np.abs(x))   # never overflows
+  return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(np.float32)
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+  e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+  return e / np.sum(e, axis=axis, keepdims=True)
+
+def parse_binary_crossentropy(raw: np.ndarray) -> np.ndarray:
+  return sigmoid(raw)
+
+def parse_categorical_crossentropy(raw: np.ndarray, out_shape: tuple[int, ...]) -> np.ndarray:
+  """(B, prod(out_shape)) logits -> (B, *out_shape) probabilities over the last axis."""
+  return softmax(raw.reshape(raw.shape[0], *out_shape), axis=-1)
+
+def parse_mdn(raw: np.ndarray, out_shape: tuple[int, ...], in_N: int = 0, out_N: int = 0) -> tuple[np.ndarray, np.ndarray]:
+  """Mixture density head -> (mean, std).
+
+  raw (B, D) is reshaped to (B, max(in_N, 1), -1); each row holds n means, n log-stds and out_N selection logits.
+  With in_N > 1 hypotheses, each of the out_N selections softmaxes its logit over the hypotheses and takes the
+  most likely one: mean/std come back as (B, out_N, *out_shape) (or (B, *out_shape) for out_N == 1).
+  Without hypotheses they are (B, *out_shape).
+  """
+  B = raw.shape[0]
+  r = raw.reshape(B, max(in_N, 1), -1)
+  n = (r.shape[2] - out_N) // 2
+  mu, std = r[:, :, :n], safe_exp(r[:, :, n:2 * n])
+  if in_N > 1:
+    weights = softmax(r[:, :, 2 * n:2 * n + out_N], axis=1)   # (B, in_N, out_N): per selection, over hypotheses
+    best = np.argmax(weights, axis=1)                          # (B, out_N)
+    b = np.arange(B)[:, None]
+    mu, std = mu[b, best], std[b, best]                        # (B, out_N, n)
+    shape = (B, *out_shape) if out_N == 1 else (B, out_N, *out_shape)
+  else:
+    shape = (B, *out_shape)
+  return mu.reshape(shape), std.reshape(shape)
