@@ -1,0 +1,196 @@
+"""Compiled model artifacts: pickled captured JITs plus a JSON manifest, verified before anything is unpickled.
+
+Layout: DIR/<family>/ (family 'road' or 'dm') holds manifest.json and, per captured JIT, NAME.pkl (program and
+buffer structure) and NAME.bin (buffer contents, out of band, 64-byte aligned), so loading maps the weights instead
+of holding a second copy in the pickle stream.
+
+ARTIFACTS ARE CODE: unpickling runs code. Load only artifacts you built (modeld-compile) or trust. The hashes catch
+corruption, truncation and mismatched builds; they are no defence against someone who can rewrite the manifest too.
+"""
+from __future__ import annotations
+import dataclasses, hashlib, importlib.metadata, json, mmap, os, pathlib, pickle, platform, shlex, shutil
+from typing import Any
+from tinygrad import Device
+from tinygrad.uop.ops import UOp, Ops, ParamArg
+from modelrt.guard import GuardedJit, TensorSpec
+
+FORMAT_VERSION = 1
+FAMILIES = ('road', 'dm')
+MANIFEST = 'manifest.json'
+_BIN_ALIGN = 64
+
+class ArtifactError(RuntimeError):
+  """The artifact cannot be used on this machine; the message says why and how to rebuild it."""
+
+def tinygrad_version() -> str: return importlib.metadata.version('tinygrad')
+
+# cpuinfo names of instruction-set extensions. The clang CPU backend compiles with -march=native, so generated code may
+# use any of these that the build machine has; a machine without one would die of SIGILL mid-frame.
+_X86_ISA = {'mmx', 'sse', 'sse2', 'pni', 'ssse3', 'sse4_1', 'sse4_2', 'sse4a', 'avx', 'avx2', 'fma', 'fma4', 'xop', 'tbm', 'f16c',
+            'bmi1', 'bmi2', 'abm', 'popcnt', 'movbe', 'aes', 'vaes', 'pclmulqdq', 'vpclmulqdq', 'sha_ni', 'adx', 'rdrand', 'rdseed',
+            'cx8', 'cx16', 'lahf_lm', 'cmov', 'fxsr', 'xsave', 'xsaveopt', 'xsavec', 'xsaves', 'gfni', 'clflushopt', 'clwb', 'clzero',
+            'rdpid', 'movdiri', 'movdir64b', 'serialize', 'avx_vnni', 'avx_vnni_int8', 'avx_ifma', 'avx_ne_convert', 'fsgsbase',
+            'prfchw', '3dnowprefetch', 'wbnoinvd', 'invpcid', 'pku'}
+
+def cpu_features(cpuinfo: str | None = None) -> list[str]:
+  """Instruction-set features of this CPU (x86: the ISA flags of /proc/cpuinfo; arm: all 'Features')."""
+  if cpuinfo is None:
+    try: cpuinfo = pathlib.Path('/proc/cpuinfo').read_text()
+    except OSError: return []
+  for line in cpuinfo.splitlines():
+    key, _, val = line.partition(':')
+    if key.strip() in ('flags', 'Features'):
+      flags = set(val.split())
+      return sorted(f for f in flags if key.strip() == 'Features' or f in _X86_ISA or f.startswith(('avx512', 'amx')))
+  return []
+
+def target(device: str) -> dict[str, Any]:
+  """What compiled code is tied to: the device, its compiler arch, and for the CPU the instruction-set features."""
+  device = Device.canonicalize(device)
+  arch = getattr(Device[device], 'arch', None)
+  return {'device': device, 'arch': arch, 'machine': platform.machine(),
+          'cpu_features': cpu_features() if device.split(':')[0] == 'CPU' else []}
+
+def sha256_file(path: pathlib.Path) -> str:
+  h = hashlib.sha256()
+  with open(path, 'rb') as f:
+    while chunk := f.read(1 << 20): h.update(chunk)
+  return h.hexdigest()
+
+# ***** saving *****
+
+def save_jit(jit, out_dir: pathlib.Path, name: str) -> dict[str, Any]:
+  """Pickle a captured JIT as NAME.pkl + NAME.bin; returns its manifest entry (file names and buffer offsets)."""
+  chunks: list[pickle.PickleBuffer] = []
+  data = pickle.dumps(jit, protocol=5, buffer_callback=chunks.append)
+  spans, off = [], 0
+  with open(out_dir / f'{name}.bin', 'wb') as f:
+    for pb in chunks:
+      mv = pb.raw()
+      f.write(b'\0' * (pad := -off % _BIN_ALIGN))
+      f.write(mv)
+      spans.append((off + pad, mv.nbytes))
+      off += pad + mv.nbytes
+  (out_dir / f'{name}.pkl').write_bytes(data)
+  return {'file': f'{name}.pkl', 'weights': f'{name}.bin', 'buffers': spans}
+
+# ***** loading *****
+
+class _Unpickler(pickle.Unpickler):
+  """tinygrad 0.14 identifies a buffer by (slot number, size, dtype, device), slot numbers counting from 0 in every
+  process, and dedups identical UOps: unpickled as is, a weight buffer and a tensor the loading process made (or the
+  same pickle loaded twice) can become one buffer. Every BUFFER gets a fresh slot from this process's counter."""
+  def __init__(self, data: bytes, buffers):
+    import io
+    super().__init__(io.BytesIO(data), buffers=buffers)
+    self.slots: dict[int, int] = {}
+  def find_class(self, module, name):
+    return self._uop if (module, name) == ('tinygrad.uop.ops', 'UOp') else super().find_class(module, name)
+  def _uop(self, op, dtype=None, src=(), arg=None, tag=None, metadata=None, _buffer=None):
+    if op is Ops.BUFFER and isinstance(arg, ParamArg):
+      arg = dataclasses.replace(arg, slot=self.slots.setdefault(arg.slot, next(UOp.unique_num)))
+    return UOp(op, dtype, src, arg, tag, metadata, _buffer)
+
+def _load_verified(d: pathlib.Path, entry: dict, files: dict[str, str], rebuild: str):
+  """Hash, then unpickle from the very bytes that were hashed. Weights are mapped, not read: their pages are copied
+  once into the device buffers, so peak memory stays near one copy of the weights."""
+  def bad(msg): return ArtifactError(f"{d}: {msg}. Rebuild with: {rebuild}")
+  pkl, wts = d / entry['file'], d / entry['weights']
+  try: data = pkl.read_bytes()
+  except OSError as e: raise bad(f"cannot read {entry['file']} ({e.strerror})") from None
+  if hashlib.sha256(data).hexdigest() != files.get(entry['file']): raise bad(f"{entry['file']} does not match its sha256 in the manifest")
+  try: f = open(wts, 'rb')
+  except OSError as e: raise bad(f"cannot read {entry['weights']} ({e.strerror})") from None
+  with f:
+    size = os.fstat(f.fileno()).st_size
+    mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b''
+  mv = memoryview(mm)
+  h = hashlib.sha256()
+  for i in range(0, size, 1 << 24): h.update(mv[i:i + (1 << 24)])
+  if h.hexdigest() != files.get(entry['weights']): raise bad(f"{entry['weights']} does not match its sha256 in the manifest")
+  if any(o + n > size for o, n in entry['buffers']): raise bad(f"{entry['weights']} is shorter than its buffer table")
+  views = [mv[o:o + n] for o, n in entry['buffers']]
+  try: return _Unpickler(data, views).load()
+  except Exception as e: raise bad(f"{entry['file']} is not a loadable pickle (truncated or corrupt: {type(e).__name__}: {e})") from None
+  finally:
+    for v in views: v.release()
+    mv.release()
+    if isinstance(mm, mmap.mmap): mm.close()
+
+MODELS = {'road': ('vision', 'policy'), 'dm': ('dm',)}
+
+@dataclasses.dataclass
+class Artifact:
+  dir: pathlib.Path
+  family: str
+  manifest: dict[str, Any]
+  models: dict[str, GuardedJit] = dataclasses.field(default_factory=dict)   # loaded by load_artifact; warps load per camera
+
+  @property
+  def layouts(self) -> list[str]: return list(self.manifest['layouts'])
+  def output_slices(self, model: str) -> dict[str, slice]:
+    return {k: slice(*v) for k, v in self.manifest['output_slices'][model].items()}
+  def rebuild_command(self, extra_layout: str | None = None) -> str:
+    cmd = list(self.manifest['command'])
+    return shlex.join(cmd + (['--camera', extra_layout] if extra_layout is not None else []))
+
+  def load_jit(self, name: str) -> GuardedJit:
+    """A fresh, verified instance of one captured JIT (its own buffers: loading twice gives two independent JITs)."""
+    entry = self.manifest['jits'][name]
+    jit = _load_verified(self.dir, entry, self.manifest['files'], self.rebuild_command())
+    return GuardedJit(name, jit, [TensorSpec.from_json(s) for s in entry['inputs']])
+
+  def warp_name(self, layout: str) -> str:
+    if layout not in self.manifest['layouts']:
+      raise ArtifactError(f"{self.dir}: no warp compiled for camera layout {layout} (this artifact serves {', '.join(self.layouts)}). "
+                          f"Build it with: {self.rebuild_command(layout)}")
+    return warp_name(layout)
+
+def warp_name(layout: str) -> str: return 'warp_' + layout.replace(':', '_')
+
+def load_artifact(path: str | os.PathLike, family: str, device: str | None = None) -> Artifact:
+  """Open DIR/<family> after checking that this machine can run it (format, tinygrad version, device, CPU features) and
+  that every file matches its sha256, then load the model JITs. Each pickle is hashed on the very bytes unpickled."""
+  if family not in FAMILIES: raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+  d = pathlib.Path(path) / family
+  try: m = json.loads((d / MANIFEST).read_text())
+  except FileNotFoundError:
+    raise ArtifactError(f"{d}: no {MANIFEST}; build the {family} artifact with modeld-compile --out {path} (see modeld-compile --help)") from None
+  except (OSError, ValueError) as e: raise ArtifactError(f"{d / MANIFEST}: unreadable ({e}); rebuild it with modeld-compile") from None
+  rebuild = shlex.join(m['command']) if isinstance(m, dict) and isinstance(m.get('command'), list) else 'modeld-compile (see --help)'
+  def bad(msg): return ArtifactError(f"{d}: {msg}. Rebuild with: {rebuild}")
+  if not isinstance(m, dict) or m.get('format') != FORMAT_VERSION:
+    raise bad(f"format version {m.get('format') if isinstance(m, dict) else None!r}, this loader reads {FORMAT_VERSION}")
+  if m.get('family') != family: raise bad(f"holds family {m.get('family')!r}, expected {family!r}")
+  if m['tinygrad'] != (tv := tinygrad_version()): raise bad(f"built with tinygrad {m['tinygrad']}, this is tinygrad {tv}")
+  here = target(device or Device.DEFAULT)
+  if m['target']['device'] != here['device']: raise bad(f"built for device {m['target']['device']}, this process uses {here['device']}")
+  if m['target']['arch'] != here['arch']: raise bad(f"built for {here['device']} arch {m['target']['arch']}, this one is {here['arch']}")
+  if missing := sorted(set(m['target']['cpu_features']) - set(here['cpu_features'])):
+    raise bad(f"compiled for CPU instruction-set features this machine lacks: {' '.join(missing)}")
+  model_files = {m['jits'][k][f] for k in MODELS[family] for f in ('file', 'weights')}
+  for fn, digest in m['files'].items():
+    if not (d / fn).is_file(): raise bad(f"{fn} is missing")
+    if fn not in model_files and sha256_file(d / fn) != digest: raise bad(f"{fn} does not match its sha256 in the manifest")
+  art = Artifact(d, family, m)
+  art.models = {k: art.load_jit(k) for k in MODELS[family]}
+  return art
+
+def write_artifact(out: str | os.PathLike, family: str, build) -> pathlib.Path:
+  """Build into a temporary sibling directory with `build(tmp_dir) -> manifest`, hash every file into the manifest,
+  then swap it in, so a reader never sees a half-written artifact and a failed build leaves the old one in place."""
+  out = pathlib.Path(out)
+  out.mkdir(parents=True, exist_ok=True)
+  final, tmp, old = out / family, out / f'.{family}.tmp-{os.getpid()}', out / f'.{family}.old-{os.getpid()}'
+  shutil.rmtree(tmp, ignore_errors=True)
+  tmp.mkdir()
+  try:
+    manifest = build(tmp)
+    manifest['files'] = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    if final.exists(): os.rename(final, old)
+    os.rename(tmp, final)
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
+  return final

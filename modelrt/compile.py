@@ -1,0 +1,250 @@
+"""modeld-compile: capture, validate and save model artifacts ahead of time, so the daemons only load and replay.
+
+Per family (road: vision + policy, dm: driver monitoring) it captures one warp JIT per camera buffer layout and one
+JIT per model, checks each one (the three JIT stages run, replays match an eager run, every input changes the
+output, the pickle reloads and replays bit-identically) and only then writes DIR/<family>/ atomically. A build is
+addressed by the hash of its sources, options, layouts and tinygrad/target versions: an unchanged build is skipped.
+"""
+from __future__ import annotations
+import argparse, hashlib, json, os, pathlib, sys
+from dataclasses import dataclass
+from typing import Callable
+import numpy as np
+from tinygrad import Tensor, TinyJit, Device, dtypes
+from tinygrad.helpers import Context
+from msgq.visionipc.layout import NV12Layout
+from modelrt.constants import MODEL_WIDTH, MODEL_HEIGHT, DM_WIDTH, DM_HEIGHT
+from modelrt.modeldef import ModelDef
+from modelrt.guard import TensorSpec, GuardedJit, _buffer_of
+from modelrt.runner import IMG_QUEUE_SHAPE, aligned_empty, camera_tensor, host_tensor, zero_tensor
+from modelrt import artifact
+from modelrt.artifact import save_jit, _load_verified, write_artifact, load_artifact, ArtifactError, warp_name, FORMAT_VERSION
+
+class ValidationError(RuntimeError):
+  """A captured JIT failed a check; nothing was written."""
+
+# ***** the captured functions. Every per-frame value is a Tensor argument (never a closure), the layout is baked in *****
+
+def road_warp_fn(layout: NV12Layout, device: str) -> Callable:
+  from modelrt.warp import road_warp, update_img_queue
+  def warp(queue: Tensor, frame: Tensor, transform: Tensor) -> Tensor:
+    new_queue, img = update_img_queue(queue, road_warp(frame.to(device), transform.to(device), layout))
+    img = img.contiguous()
+    Tensor.realize(queue.assign(new_queue), img)
+    return img
+  return warp
+
+def dm_warp_fn(layout: NV12Layout, device: str) -> Callable:
+  from modelrt.warp import dm_warp
+  def warp(frame: Tensor, transform: Tensor) -> Tensor: return dm_warp(frame.to(device), transform.to(device), layout).contiguous().realize()
+  return warp
+
+def model_fn(md: ModelDef, device: str) -> Callable:
+  def run(**inputs: Tensor) -> Tensor: return md.fn(**{k: v.to(device) for k, v in inputs.items()}).cast(dtypes.float32).contiguous().realize()
+  return run
+
+# ***** inputs. kind: 'camera' (from_blob over a ringbuffer), 'host' (numpy shared through an NPY tensor),
+# 'device' (a device buffer another JIT wrote), 'state' (a device buffer the JIT updates in place, owned by the runner) *****
+
+@dataclass(frozen=True)
+class InputPlan:
+  name: str
+  shape: tuple[int, ...]
+  dtype: str
+  kind: str
+  layout: NV12Layout | None = None
+
+def _random(p: InputPlan, rng: np.random.Generator) -> np.ndarray:
+  if p.dtype == 'uint8': return rng.integers(0, 256, p.shape, dtype=np.uint8)
+  return rng.standard_normal(p.shape).astype(p.dtype)
+
+def _transform(rng: np.random.Generator, out_w: int, out_h: int, layout: NV12Layout) -> np.ndarray:
+  """A plausible model->camera map: scale to the frame, a few pixels of random shift and shear."""
+  m = np.array([[layout.width / out_w, 0, 0], [0, layout.height / out_h, 0], [0, 0, 1]], np.float32)
+  return m + np.array([[.05, .02, 4], [.01, .05, 3], [0, 0, 0]], np.float32) * rng.standard_normal((3, 3)).astype(np.float32)
+
+class Feed:
+  """One set of inputs for a JIT. Keeps the numpy arrays under camera and host tensors alive as long as it lives."""
+  def __init__(self, plans: list[InputPlan], device: str, rng: np.random.Generator, transform_size: tuple[int, int] | None = None):
+    self.arrays, self.tensors = {}, {}
+    for p in plans:
+      if p.kind == 'state': continue
+      if p.kind == 'camera':
+        a = aligned_empty(p.layout.size)
+        a[:] = rng.integers(0, 256, a.shape, dtype=np.uint8)
+        self.arrays[p.name], self.tensors[p.name] = a, camera_tensor(a.ctypes.data, a.nbytes)
+      elif p.kind == 'host':
+        a = _transform(rng, *transform_size, next(q.layout for q in plans if q.kind == 'camera')) if p.name == 'transform' else _random(p, rng)
+        self.arrays[p.name], self.tensors[p.name] = a, host_tensor(a)
+      else: self.tensors[p.name] = Tensor(_random(p, rng), device=device).realize()
+
+def new_state(plans: list[InputPlan], device: str) -> dict[str, Tensor]:
+  return {p.name: Tensor.zeros(*p.shape, dtype=p.dtype, device=device).contiguous().realize() for p in plans if p.kind == 'state'}
+
+def road_warp_plans(layout: NV12Layout) -> list[InputPlan]:
+  return [InputPlan('queue', IMG_QUEUE_SHAPE, 'uint8', 'state'), InputPlan('frame', (layout.size,), 'uint8', 'camera', layout),
+          InputPlan('transform', (3, 3), 'float32', 'host')]
+def dm_warp_plans(layout: NV12Layout) -> list[InputPlan]:
+  return [InputPlan('frame', (layout.size,), 'uint8', 'camera', layout), InputPlan('transform', (3, 3), 'float32', 'host')]
+def model_plans(md: ModelDef, device_inputs: tuple[str, ...]) -> list[InputPlan]:
+  return [InputPlan(k, tuple(shape), dt, 'device' if k in device_inputs else 'host') for k, (shape, dt) in md.inputs.items()]
+
+# ***** capture and validation *****
+
+def _out(ret) -> np.ndarray: return (ret if isinstance(ret, np.ndarray) else ret.numpy()).reshape(-1).copy()
+
+def build_jit(name: str, fn: Callable, plans: list[InputPlan], device: str, out_dir: pathlib.Path, seed: int = 0,
+              transform_size: tuple[int, int] | None = None) -> dict:
+  """Capture fn as a JIT, validate it, save it to out_dir; returns its manifest entry. Raises ValidationError."""
+  rng = np.random.default_rng(seed)
+  feeds = [Feed(plans, device, rng, transform_size) for _ in range(5)]
+  def fail(msg): raise ValidationError(f"{name}: {msg}")
+  def run(f, feed, state, **change): return _out(f(**{**feed.tensors, **change}, **state))
+  def zero(state):
+    for t in state.values(): zero_tensor(t)
+
+  # the three stages (run, capture, replay) and more replays, against an eager run of the same frames from the same state
+  jit, js, es = TinyJit(fn, prune=True), new_state(plans, device), new_state(plans, device)
+  got = [run(jit, f, js) for f in feeds]
+  if jit.captured is None or jit.cnt != len(feeds): fail(f"did not go through the three JIT stages (cnt={jit.cnt})")
+  want = [run(fn, f, es) for f in feeds]
+  for i, (g, w) in enumerate(zip(got, want)):
+    if g.shape != w.shape or not np.array_equal(g, w): fail(f"call {i} (stage {min(i, 2)}) differs from the eager run: max |diff| "
+                                                            f"{np.abs(g.astype(np.float64) - w).max() if g.shape == w.shape else g.shape}")
+  if (ret := jit.captured.ret) is None or _buffer_of(ret) is None: fail("must return one realized contiguous Tensor")
+  if any(np.array_equal(got[i], got[i + 1]) for i in range(len(got) - 1)): fail("different inputs gave the same output")
+
+  # round trip through the pickle the runtime loads, with the runtime's loader and guard
+  entry = save_jit(jit, out_dir, name)
+  files = {fn_: artifact.sha256_file(out_dir / fn_) for fn_ in (entry['file'], entry['weights'])}
+  specs = [TensorSpec.of(p.name, feeds[0].tensors[p.name] if p.kind != 'state' else js[p.name], str(p.layout) if p.layout else None) for p in plans]
+  loaded = GuardedJit(name, _load_verified(out_dir, entry, files, 'modeld-compile'), specs)
+  ls = new_state(plans, device)
+  zero(js)
+  for i, f in enumerate(feeds):
+    a, b = run(loaded, f, ls), run(jit, f, js)
+    if not np.array_equal(a, b): fail(f"the reloaded pickle gives different outputs on frame {i}")
+    if not np.array_equal(a, want[i]): fail(f"the reloaded pickle differs from the eager run on frame {i}")
+  # every input is live: changing only it changes the output (a Python scalar or closure would have been frozen)
+  for p in plans:
+    if p.kind == 'state': continue
+    zero(ls)
+    base = run(loaded, feeds[0], ls)
+    zero(ls)
+    if np.array_equal(base, run(loaded, feeds[0], ls, **{p.name: feeds[1].tensors[p.name]})):
+      fail(f"changing input {p.name!r} does not change the output (captured as a constant?)")
+  entry.update(inputs=[s.to_json() for s in specs], output={'dtype': got[0].dtype.name, 'shape': list(ret.shape)})
+  return entry
+
+# ***** families *****
+
+DEVICE_INPUTS = {'vision': ('img', 'big_img'), 'policy': (), 'dm': ('input_img',)}   # written by another JIT, not fed from the host
+
+def code_sha256() -> str:
+  """The code inside the captured programs: this file and the warps. A change there is a new build."""
+  from modelrt import warp
+  h = hashlib.sha256()
+  for mod in (sys.modules[__name__], warp):
+    h.update(pathlib.Path(mod.__file__).read_bytes() if getattr(mod, '__file__', None) else mod.__name__.encode())
+  return h.hexdigest()
+
+def build_family(out: str | os.PathLike, family: str, models: dict[str, ModelDef], layouts: list[NV12Layout], device: str | None = None,
+                 beam: int = 0, command: list[str] | None = None, force: bool = False, progress: bool = True) -> tuple[pathlib.Path, bool]:
+  """Build (or find up to date) OUT/<family>. Returns (artifact dir, whether it was built). Raises ValidationError."""
+  from tqdm import tqdm
+  from tinygrad.engine.worker import terminate_worker_pool
+  device = Device.canonicalize(device or Device.DEFAULT)
+  if family not in artifact.MODELS or set(models) != set(artifact.MODELS[family]):
+    raise ValueError(f"family {family!r} needs models {artifact.MODELS.get(family)}, got {sorted(models)}")
+  if not layouts: raise ValueError("at least one camera layout is needed")
+  layouts = list(dict.fromkeys(layouts))
+  command = command or ['modeld-compile', '--family', family, *[a for l in layouts for a in ('--camera', str(l))], '--out', str(out)]
+  key = {'format': FORMAT_VERSION, 'family': family, 'tinygrad': artifact.tinygrad_version(), 'target': artifact.target(device),
+         'options': {'beam': beam}, 'sources': {**{k: md.source_sha256 for k, md in models.items()}, 'code': code_sha256()},
+         'layouts': [str(l) for l in layouts]}
+  build_id = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+  if not force:
+    try:
+      if load_artifact(out, family, device).manifest.get('build_id') == build_id: return pathlib.Path(out) / family, False
+    except ArtifactError: pass
+
+  jobs: list[tuple[str, Callable, list[InputPlan], tuple[int, int] | None]] = []
+  for l in layouts:
+    if family == 'road': jobs.append((warp_name(str(l)), road_warp_fn(l, device), road_warp_plans(l), (MODEL_WIDTH, MODEL_HEIGHT)))
+    else: jobs.append((warp_name(str(l)), dm_warp_fn(l, device), dm_warp_plans(l), (DM_WIDTH, DM_HEIGHT)))
+  for k in artifact.MODELS[family]: jobs.append((k, model_fn(models[k], device), model_plans(models[k], DEVICE_INPUTS[k]), None))
+
+  def build(tmp: pathlib.Path) -> dict:
+    jits = {}
+    with tqdm(total=len(jobs), desc=family, file=sys.stderr, disable=not progress) as bar:
+      for i, (name, fn, plans, tsize) in enumerate(jobs):
+        bar.set_description(f"{family}: capture+validate {name}")
+        jits[name] = build_jit(name, fn, plans, device, tmp, seed=i, transform_size=tsize)
+        bar.update()
+    return {**key, 'build_id': build_id, 'command': command, 'jits': jits,
+            'output_slices': {k: {n: [s.start, s.stop] for n, s in models[k].output_slices.items()} for k in artifact.MODELS[family]}}
+  try:
+    with Context(BEAM=beam):
+      return write_artifact(out, family, build), True
+  finally: terminate_worker_pool()   # the compile worker processes must not outlive the build
+
+def main(argv: list[str] | None = None) -> int:
+  ap = argparse.ArgumentParser(prog='modeld-compile', formatter_class=argparse.RawDescriptionHelpFormatter, description=__doc__, epilog="""
+examples:
+  modeld-compile --reference --camera 1928x1208:aligned --out artifacts
+  modeld-compile --vision-onnx driving_vision.onnx --policy-onnx driving_policy.onnx --camera 1928x1208:2048:2490368:3735552 --out artifacts
+  modeld-compile --dm-onnx dmonitoring_model.onnx --camera 1928x1208 --out artifacts
+
+The road artifact (DIR/road) serves modeld, the driver monitoring one (DIR/dm) dmonitoringd; both take --artifacts DIR.
+A daemon refuses an artifact built for another tinygrad, device, CPU (instruction-set features) or camera layout and
+prints the command that rebuilds it. Artifacts are pickles, i.e. code: load only artifacts you built.
+Environment: DEV=CPU selects the CPU (clang) backend; PARALLEL=N compile worker processes (stopped when the build ends);
+CACHEDB=path moves tinygrad's compile cache.""")
+  src = ap.add_argument_group('models (road: --vision-onnx and --policy-onnx; driver monitoring: --dm-onnx; or --reference)')
+  src.add_argument('--vision-onnx', type=pathlib.Path, help="openpilot vision model (inputs img, big_img; output_slices in metadata_props)")
+  src.add_argument('--policy-onnx', type=pathlib.Path, help="openpilot policy model (inputs features_buffer, desire_pulse, traffic_convention)")
+  src.add_argument('--dm-onnx', type=pathlib.Path, help="openpilot driver monitoring model (inputs input_img, calib)")
+  src.add_argument('--reference', action='store_true', help="build the built-in reference models (modelrt.reference) instead of ONNX files")
+  ap.add_argument('--family', choices=artifact.FAMILIES, action='append', help="build only this family (default: all the given models)")
+  ap.add_argument('--camera', action='append', required=True, metavar='LAYOUT',
+                  help="camera buffer layout to serve, repeatable: WxH (packed NV12), WxH:aligned (openpilot's padding) or "
+                       "WxH:stride:uv_offset:size (bytes); each gets its own warp JIT")
+  ap.add_argument('--out', required=True, type=pathlib.Path, help="artifact directory (DIR/road, DIR/dm are replaced atomically)")
+  ap.add_argument('--device', help=f"tinygrad device to compile for (default: {Device.DEFAULT}, from DEV=)")
+  ap.add_argument('--beam', type=int, default=0, metavar='N', help="BEAM kernel search width: slower build, faster replay (default 0: off)")
+  ap.add_argument('--force', action='store_true', help="rebuild even when an identical build is already there")
+  ap.add_argument('--quiet', action='store_true', help="no progress bar")
+  args = ap.parse_args(argv)
+  try: layouts = [NV12Layout.parse(c) for c in args.camera]
+  except ValueError as e: ap.error(str(e))
+  if args.reference and (args.vision_onnx or args.policy_onnx or args.dm_onnx): ap.error("--reference replaces the ONNX files: give one or the other")
+  if bool(args.vision_onnx) != bool(args.policy_onnx): ap.error("the road model needs both --vision-onnx and --policy-onnx")
+  if not (args.reference or args.vision_onnx or args.dm_onnx): ap.error("nothing to build: give ONNX models or --reference")
+  families = [f for f in artifact.FAMILIES if (args.reference or (args.vision_onnx if f == 'road' else args.dm_onnx)) and (not args.family or f in args.family)]
+  if not families: ap.error(f"--family {args.family} has no models given")
+  device = Device.canonicalize(args.device or Device.DEFAULT)
+  cams = [a for l in layouts for a in ('--camera', str(l))]
+  from modelrt.onnx_import import load_onnx, OnnxImportError
+  try:
+    for family in families:
+      if args.reference:
+        if family == 'road':
+          from modelrt.reference.road import vision_model, policy_model
+          models = {'vision': vision_model(), 'policy': policy_model()}
+        else:
+          from modelrt.reference.dm import dm_model
+          models = {'dm': dm_model()}
+        srcs = ['--reference']
+      else:
+        files = {'vision': args.vision_onnx, 'policy': args.policy_onnx} if family == 'road' else {'dm': args.dm_onnx}
+        models = {k: load_onnx(p, k) for k, p in files.items()}
+        srcs = [a for k, p in files.items() for a in (f'--{k}-onnx', str(p.resolve()))]
+      command = ['modeld-compile', *srcs, '--family', family, *cams, '--out', str(args.out.resolve()), '--device', device, '--beam', str(args.beam)]
+      path, built = build_family(args.out, family, models, layouts, device, args.beam, command, args.force, not args.quiet)
+      print(f"{family}: {'built' if built else 'up to date'}: {path} ({', '.join(str(l) for l in layouts)})")
+  except (ValidationError, OnnxImportError, ArtifactError, OSError) as e:
+    print(f"modeld-compile: error: {e}", file=sys.stderr)
+    return 1
+  return 0
+
+if __name__ == '__main__': sys.exit(main())

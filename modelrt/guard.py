@@ -1,0 +1,83 @@
+"""The guarded JIT: every replay of a captured program goes through here.
+
+A captured TinyJit only compares a view/dtype/device signature: a 1-D buffer of another length replays silently
+(longer: the captured-length result; shorter: kernels read past its end). So each input is checked against the
+spec recorded at build time, outside the JIT, before the replay; and the output is copied to numpy right after,
+because the next replay writes into the same buffer.
+"""
+from __future__ import annotations
+from dataclasses import dataclass, asdict
+import numpy as np
+from tinygrad import Tensor
+from tinygrad.dtype import _to_np_dtype
+from tinygrad.uop.ops import Ops
+
+# clang's CPU kernels need 16-byte aligned pointers (misaligned ones segfault); a from_blob buffer gets a cache line
+ALIGN = 64
+
+class InputSpecError(ValueError):
+  """An input that does not match what the JIT was captured for: the frame is skipped, nothing runs."""
+class CameraLayoutError(InputSpecError):
+  """A camera buffer whose NV12 layout (or alignment) differs from the one the warp was compiled for."""
+
+@dataclass(frozen=True)
+class TensorSpec:
+  name: str
+  dtype: str                  # numpy dtype name
+  shape: tuple[int, ...]
+  device: str
+  nbytes: int
+  layout: str | None = None   # NV12 layout spec of a camera buffer input (a from_blob over the ringbuffer), else None
+
+  @classmethod
+  def of(cls, name: str, t: Tensor, layout: str | None = None) -> TensorSpec:
+    return cls(name, np.dtype(_to_np_dtype(t.dtype)).name, tuple(t.shape), str(t.device), t.nbytes(), layout)
+  def to_json(self) -> dict: return asdict(self)
+  @classmethod
+  def from_json(cls, d: dict) -> TensorSpec: return cls(**{**d, 'shape': tuple(d['shape'])})
+
+def _buffer_of(t: Tensor):
+  """The Buffer a tensor is exactly (a realized buffer, reshaped at most), else None (a view, or not realized)."""
+  u = t.uop
+  while u.op is Ops.RESHAPE: u = u.src[0]
+  return u.buffer if u.op is Ops.BUFFER and u.is_realized else None
+
+def check_input(spec: TensorSpec, t) -> None:
+  """Raise InputSpecError naming the input, what was expected and what came."""
+  def bad(what, want, got): raise InputSpecError(f"input {spec.name!r}: expected {what} {want}, got {got}")
+  if not isinstance(t, Tensor): bad('a Tensor', '', type(t).__name__)
+  if (dt := np.dtype(_to_np_dtype(t.dtype)).name) != spec.dtype: bad('dtype', spec.dtype, dt)
+  if t.shape != spec.shape: bad('shape', spec.shape, t.shape)
+  if t.device != spec.device: bad('device', spec.device, t.device)
+  if (buf := _buffer_of(t)) is None: bad('a contiguous realized buffer', '', f"a lazy or strided view {t.uop.op}")
+  if buf.nbytes != spec.nbytes: bad('byte length', spec.nbytes, buf.nbytes)
+  if buf.options is not None and (ptr := buf.options.external_ptr) is not None and ptr % ALIGN:
+    bad(f'a {ALIGN}-byte aligned pointer', '', hex(ptr))
+
+class GuardedJit:
+  """A loaded captured JIT with the input specs it was captured for. `replay` checks and returns the JIT's own output
+  Tensor (valid until the next replay: for chaining on the device); calling it checks, replays and returns a fresh
+  flat numpy copy of the output."""
+  def __init__(self, name: str, jit, inputs: list[TensorSpec]):
+    self.name, self.jit, self.inputs = name, jit, {s.name: s for s in inputs}
+    ret = jit.captured.ret
+    self._out = None if ret is None else (_buffer_of(ret), _to_np_dtype(ret.dtype))
+
+  def check(self, inputs: dict[str, Tensor]) -> None:
+    if inputs.keys() != self.inputs.keys():
+      raise InputSpecError(f"{self.name}: expected inputs {sorted(self.inputs)}, got {sorted(inputs)}")
+    for k, t in inputs.items(): check_input(self.inputs[k], t)
+
+  def replay(self, **inputs: Tensor) -> Tensor | None:
+    self.check(inputs)
+    return self.jit(**inputs)
+
+  def __call__(self, **inputs: Tensor) -> np.ndarray:
+    self.replay(**inputs)
+    return self.copy_out()
+
+  def copy_out(self) -> np.ndarray:
+    """A host copy of the last replay's output (the memoryview copy is ~30x cheaper than Tensor.numpy())."""
+    assert self._out is not None, f"{self.name} returns nothing"
+    buf, dt = self._out
+    return np.frombuffer(buf.as_memoryview(allow_zero_copy=True), dtype=dt).copy()

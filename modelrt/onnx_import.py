@@ -1,0 +1,72 @@
+"""ONNX file -> ModelDef, with tinygrad's own ONNX reader (no onnx package at run time) and openpilot's conventions:
+input names and shapes of modelrt.constants, one flat float output cut by `output_slices`, which ships as a base64
+pickled {name: slice} in the model's metadata_props."""
+from __future__ import annotations
+import base64, hashlib, io, pathlib, pickle
+from tinygrad import Tensor
+from tinygrad.dtype import _to_np_dtype
+from tinygrad.nn.onnx import OnnxPBParser, OnnxRunner, WireType
+import numpy as np
+from modelrt.constants import VISION_INPUTS, POLICY_INPUTS, DM_INPUTS
+from modelrt.modeldef import ModelDef
+
+EXPECTED_INPUTS = {'vision': VISION_INPUTS, 'policy': POLICY_INPUTS, 'dm': DM_INPUTS}
+
+class OnnxImportError(ValueError): pass
+
+class _SliceUnpickler(pickle.Unpickler):
+  # the metadata is a pickle inside a file we may not have made: allow the dict of slices it should be, nothing else
+  def find_class(self, module, name):
+    if (module, name) == ('builtins', 'slice'): return slice
+    raise pickle.UnpicklingError(f"output_slices may only hold slices, found {module}.{name}")
+
+def metadata_props(path: str | pathlib.Path) -> dict[str, str]:
+  """ModelProto.metadata_props (field 14), which tinygrad's parser skips; the graph is skipped by a seek, not read."""
+  p = OnnxPBParser(path, load_external_data=False)
+  r, props = p.reader, {}
+  for fid, wire_type in p._parse_message(r.len):
+    if fid != 14 or wire_type != WireType.LENGTH_DELIMITED: r.skip_field(wire_type); continue
+    entry = {}
+    for efid, ewt in p._parse_message(p._decode_end_pos()):
+      if efid in (1, 2): entry[efid] = r.read_string()
+      else: r.skip_field(ewt)
+    props[entry.get(1, '')] = entry.get(2, '')
+  return props
+
+def parse_output_slices(b64: str, n_out: int) -> dict[str, slice]:
+  try: slices = _SliceUnpickler(io.BytesIO(base64.b64decode(b64))).load()
+  except Exception as e: raise OnnxImportError(f"output_slices metadata is not a base64 pickled dict of slices ({e})") from None
+  if not isinstance(slices, dict) or not slices or not all(isinstance(k, str) and isinstance(v, slice) for k, v in slices.items()):
+    raise OnnxImportError(f"output_slices must be a non-empty {{str: slice}}, got {type(slices).__name__}")
+  for k, s in slices.items():
+    if s.step not in (None, 1) or not isinstance(s.start, int) or not isinstance(s.stop, int) or not 0 <= s.start < s.stop <= n_out:
+      raise OnnxImportError(f"output slice {k!r} = {s} is not a plain range within the model's {n_out} outputs")
+  return slices
+
+def load_onnx(path: str | pathlib.Path, model: str) -> ModelDef:
+  """An openpilot-convention ONNX model ('vision', 'policy' or 'dm') as a ModelDef; mismatched inputs are an error."""
+  path = pathlib.Path(path)
+  if model not in EXPECTED_INPUTS: raise ValueError(f"model must be one of {sorted(EXPECTED_INPUTS)}, got {model!r}")
+  try: graph = OnnxPBParser(path).parse()['graph']
+  except Exception as e: raise OnnxImportError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
+  runner = OnnxRunner.__new__(OnnxRunner)   # OnnxRunner(path) would parse the file a second time
+  runner._init_from_graph(graph)
+  expected = EXPECTED_INPUTS[model]
+  got = {k: (tuple(v.shape), np.dtype(_to_np_dtype(v.dtype)).name) for k, v in runner.graph_inputs.items()}
+  if got.keys() != expected.keys():
+    raise OnnxImportError(f"{path}: {model} model inputs must be {sorted(expected)}; missing {sorted(expected.keys() - got.keys())}, "
+                          f"extra {sorted(got.keys() - expected.keys())}")
+  for k, (shape, dtype) in expected.items():
+    if got[k] != (shape, dtype): raise OnnxImportError(f"{path}: input {k!r} must be {dtype}{list(shape)}, the model has {got[k][1]}{list(got[k][0])}")
+  if len(runner.graph_outputs) != 1: raise OnnxImportError(f"{path}: expected one output vector, the model has {list(runner.graph_outputs)}")
+  oshape = graph['output'][0]['parsed_type'].shape
+  if len(oshape) != 2 or oshape[0] != 1 or not isinstance(oshape[1], int):
+    raise OnnxImportError(f"{path}: output must be (1, N), the model has {oshape}")
+  if 'output_slices' not in (props := metadata_props(path)): raise OnnxImportError(f"{path}: no output_slices in metadata_props")
+  slices = parse_output_slices(props['output_slices'], oshape[1])
+  out_name = runner.graph_outputs[0]
+  def fn(**inputs: Tensor) -> Tensor: return runner(inputs)[out_name].cast('float32')
+  h = hashlib.sha256()
+  with open(path, 'rb') as f:
+    while chunk := f.read(1 << 20): h.update(chunk)
+  return ModelDef(model, {k: expected[k] for k in expected}, slices, fn, h.hexdigest())

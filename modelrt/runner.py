@@ -1,0 +1,169 @@
+"""What the daemons run every frame: camera buffers in, numpy outputs out, through guarded JITs loaded from an artifact.
+
+RoadRunner (modeld): two warp JITs (road -> `img`, wide -> `big_img`; one camera: both on the same buffer), the vision
+JIT, the host-side frame history of REFERENCE §4, the policy JIT. DMRunner (dmonitoringd): driver warp + DM model.
+Camera buffers are any objects with `addr, idx, stream, width, height, stride, uv_offset, size` (VisionIPC's VisionBuf).
+"""
+from __future__ import annotations
+import os
+import numpy as np
+from tinygrad import Tensor, dtypes
+from tinygrad.device import Buffer
+from msgq.visionipc.layout import NV12Layout
+from modelrt.artifact import Artifact, load_artifact
+from modelrt.constants import FEATURE_LEN, DESIRE_LEN, TRAFFIC_CONVENTION_LEN, HISTORY_LEN, FRAME_SKIP, FEATURE_QUEUE_LEN, DESIRE_QUEUE_LEN
+from modelrt.constants import IMG_CHANNELS, IMG_QUEUE_LEN, MODEL_HEIGHT, MODEL_WIDTH
+from modelrt.guard import ALIGN, CameraLayoutError, GuardedJit, _buffer_of
+
+IMG_QUEUE_SHAPE = (1, IMG_QUEUE_LEN * IMG_CHANNELS, MODEL_HEIGHT // 2, MODEL_WIDTH // 2)   # 5 packed frames, in the warp JIT's state
+
+def aligned_empty(nbytes: int, align: int = ALIGN) -> np.ndarray:
+  """A uint8 array whose data pointer is `align`-byte aligned, as from_blob kernels need."""
+  raw = np.empty(nbytes + align, np.uint8)
+  off = -raw.ctypes.data % align
+  return raw[off:off + nbytes]
+
+def camera_tensor(addr: int, size: int) -> Tensor:
+  """Zero-copy uint8 view of a camera buffer. It does not keep the memory alive: the mapping must outlive it."""
+  return Tensor.from_blob(addr, (size,), dtype=dtypes.uint8, device='CPU')
+
+def host_tensor(arr: np.ndarray) -> Tensor:
+  """A Tensor sharing a numpy array's memory (NPY device): in-place writes to the array are seen at the next replay."""
+  return Tensor(arr, device='NPY')
+
+def zero_tensor(t: Tensor) -> None:
+  (b := _buffer_of(t)).copy_from(Buffer('PYTHON', b.size, b.dtype, opaque=memoryview(bytearray(b.nbytes))))
+
+class _DummyBuf:
+  """A zeroed camera buffer for warm-up, never cached."""
+  def __init__(self, layout: NV12Layout):
+    self.data = aligned_empty(layout.size)
+    self.data[:] = 0
+    self.addr, self.idx, self.stream = self.data.ctypes.data, -1, -1
+    self.width, self.height, self.stride, self.uv_offset, self.size = layout.width, layout.height, layout.stride, layout.uv_offset, layout.size
+
+class CameraTensors:
+  """from_blob tensors over camera buffers, cached by (stream, buffer index). They do not keep the mapping alive:
+  release() must run before the camera client unmaps its buffers. Passed to the JITs as arguments, never captured."""
+  def __init__(self, artifact: Artifact):
+    self.artifact, self._cache = artifact, {}
+
+  def get(self, buf, layout: NV12Layout) -> Tensor:
+    if (got := f"{buf.width}x{buf.height}:{buf.stride}:{buf.uv_offset}:{buf.size}") != str(layout):
+      raise CameraLayoutError(f"camera stream {buf.stream} buffer {buf.idx}: expected layout {layout}, got {got}; "
+                              f"a new camera layout needs a new runner (artifact serves {', '.join(self.artifact.layouts)})")
+    if buf.addr % ALIGN: raise CameraLayoutError(f"camera stream {buf.stream} buffer {buf.idx}: address {buf.addr:#x} is not {ALIGN}-byte aligned")
+    if buf.idx < 0: return camera_tensor(buf.addr, buf.size)
+    hit = self._cache.get(key := (buf.stream, buf.idx))
+    if hit is None or hit[0] != buf.addr: self._cache[key] = hit = (buf.addr, camera_tensor(buf.addr, buf.size))
+    return hit[1]
+
+  def release(self) -> None: self._cache.clear()
+
+def _host(*shape: int) -> tuple[np.ndarray, Tensor]:
+  a = np.zeros(shape, np.float32)
+  return a, host_tensor(a)
+
+def _open(artifact: Artifact | str | os.PathLike, family: str) -> Artifact:
+  return artifact if isinstance(artifact, Artifact) else load_artifact(artifact, family)
+
+def _cut(out: np.ndarray, slices: dict[str, slice]) -> dict[str, np.ndarray]: return {k: out[s] for k, s in slices.items()}
+
+class RoadRunner:
+  """Road model (vision + policy) with its frame history. `run` returns the outputs cut by output_slices (plus 'raw',
+  the vision then policy vectors), freshly copied: nothing returned is touched by later frames."""
+  def __init__(self, artifact: Artifact | str | os.PathLike, main_layout: NV12Layout, extra_layout: NV12Layout | None = None):
+    self.artifact = art = _open(artifact, 'road')
+    self.main_layout, self.extra_layout = main_layout, extra_layout or main_layout
+    self.warps: dict[str, GuardedJit] = {k: art.load_jit(art.warp_name(str(l))) for k, l in (('img', self.main_layout), ('big_img', self.extra_layout))}
+    self.vision, self.policy = art.models['vision'], art.models['policy']
+    self.vision_slices, self.policy_slices = art.output_slices('vision'), art.output_slices('policy')
+    device = art.manifest['target']['device']
+    self.queues = {k: Tensor.zeros(*IMG_QUEUE_SHAPE, dtype=dtypes.uint8, device=device).contiguous().realize() for k in self.warps}
+    self.transforms = {k: _host(3, 3) for k in self.warps}
+    self.features_buffer, self.desire_pulse, self.traffic_convention = (_host(1, HISTORY_LEN, FEATURE_LEN), _host(1, HISTORY_LEN, DESIRE_LEN),
+                                                                       _host(1, TRAFFIC_CONVENTION_LEN))
+    self.full_features = np.zeros((FEATURE_QUEUE_LEN, FEATURE_LEN), np.float32)
+    self.full_desire = np.zeros((DESIRE_QUEUE_LEN, DESIRE_LEN), np.float32)
+    self.prev_desire = np.zeros(DESIRE_LEN, np.float32)
+    self.cameras = CameraTensors(art)
+
+  @property
+  def layouts(self) -> list[str]: return self.artifact.layouts
+
+  def set_transforms(self, road_M: np.ndarray, wide_M: np.ndarray) -> None:
+    """Model pixel -> camera pixel maps for `img` (main camera) and `big_img` (extra camera); read at the next replay."""
+    for k, m in (('img', road_M), ('big_img', wide_M)):
+      if np.shape(m) != (3, 3): raise ValueError(f"{k} transform: expected shape (3, 3), got {np.shape(m)}")
+      self.transforms[k][0][:] = m
+
+  def run(self, main_buf, extra_buf, desire: np.ndarray, traffic_convention: np.ndarray, prepare_only: bool = False) -> dict[str, np.ndarray] | None:
+    """One camera frame (extra_buf None: one camera, both warps read main_buf). prepare_only (a frame after a drop)
+    updates the image and desire history only. Bad input raises before any state changes."""
+    desire, traffic_convention = np.asarray(desire, np.float32), np.asarray(traffic_convention, np.float32)
+    if desire.shape != (DESIRE_LEN,): raise ValueError(f"desire: expected shape ({DESIRE_LEN},), got {desire.shape}")
+    if traffic_convention.shape != (TRAFFIC_CONVENTION_LEN,):
+      raise ValueError(f"traffic_convention: expected shape ({TRAFFIC_CONVENTION_LEN},), got {traffic_convention.shape}")
+    frames = {'img': self.cameras.get(main_buf, self.main_layout), 'big_img': self.cameras.get(extra_buf or main_buf, self.extra_layout)}
+    warp_in = {k: {'queue': self.queues[k], 'frame': frames[k], 'transform': self.transforms[k][1]} for k in self.warps}
+    for k, w in self.warps.items(): w.check(warp_in[k])
+    imgs = {k: w.replay(**warp_in[k]) for k, w in self.warps.items()}
+
+    # desire is a pulse on the rising edge (index 0, no desire, never pulses); the policy sees the max over each block of 4
+    desire = desire.copy()
+    desire[0] = 0
+    self.full_desire[:-1] = self.full_desire[1:]
+    self.full_desire[-1] = np.where(desire - self.prev_desire > .99, desire, 0)
+    self.prev_desire[:] = desire
+    if prepare_only: return None
+
+    vision_out = self.vision(**imgs)
+    self.full_features[:-1] = self.full_features[1:]
+    self.full_features[-1] = vision_out[self.vision_slices['hidden_state']]
+    self.features_buffer[0][0] = self.full_features[::FRAME_SKIP]
+    self.desire_pulse[0][0] = self.full_desire.reshape(HISTORY_LEN, FRAME_SKIP, DESIRE_LEN).max(axis=1)
+    self.traffic_convention[0][0] = traffic_convention
+    policy_out = self.policy(features_buffer=self.features_buffer[1], desire_pulse=self.desire_pulse[1], traffic_convention=self.traffic_convention[1])
+    return {**_cut(vision_out, self.vision_slices), **_cut(policy_out, self.policy_slices), 'raw': np.concatenate([vision_out, policy_out])}
+
+  def reset(self) -> None:
+    """Forget all frame history (camera restart): image queues, feature and desire queues."""
+    for q in self.queues.values(): zero_tensor(q)
+    for a in (self.full_features, self.full_desire, self.prev_desire, self.features_buffer[0], self.desire_pulse[0]): a[:] = 0
+
+  def warmup(self) -> None:
+    """One full replay on zeroed frames, so the first real frame runs at steady-state latency; then a reset."""
+    self.run(_DummyBuf(self.main_layout), _DummyBuf(self.extra_layout), np.zeros(DESIRE_LEN), np.zeros(TRAFFIC_CONVENTION_LEN))
+    self.reset()
+
+  def release_camera_tensors(self) -> None:
+    """Drop the from_blob tensors: call before the camera client unmaps its buffers."""
+    self.cameras.release()
+
+class DMRunner:
+  """Driver monitoring model: driver camera buffer, calibration and warp transform in; outputs cut by output_slices
+  (plus 'raw'), freshly copied."""
+  def __init__(self, artifact: Artifact | str | os.PathLike, layout: NV12Layout):
+    self.artifact = art = _open(artifact, 'dm')
+    self.layout = layout
+    self.warp, self.model = art.load_jit(art.warp_name(str(layout))), art.models['dm']
+    self.slices = art.output_slices('dm')
+    self.transform, self.calib = _host(3, 3), _host(1, 3)
+    self.cameras = CameraTensors(art)
+
+  @property
+  def layouts(self) -> list[str]: return self.artifact.layouts
+
+  def run(self, buf, calib: np.ndarray, transform: np.ndarray) -> dict[str, np.ndarray]:
+    if np.size(calib) != 3: raise ValueError(f"calib: expected 3 values (rpyCalib), got shape {np.shape(calib)}")
+    if np.shape(transform) != (3, 3): raise ValueError(f"transform: expected shape (3, 3), got {np.shape(transform)}")
+    frame = self.cameras.get(buf, self.layout)
+    self.calib[0][:] = np.reshape(calib, (1, 3))
+    self.transform[0][:] = transform
+    out = self.model(input_img=self.warp.replay(frame=frame, transform=self.transform[1]), calib=self.calib[1])
+    return {**_cut(out, self.slices), 'raw': out}
+
+  def warmup(self) -> None:
+    self.run(_DummyBuf(self.layout), np.zeros(3), np.eye(3))
+
+  def release_camera_tensors(self) -> None: self.cameras.release()
