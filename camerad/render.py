@@ -147,12 +147,12 @@ class SceneRenderer:
     edges = np.array([lines_y[0] - r['shoulder'], lines_y[-1] + r['shoulder']])
     y[...] = self.bg_road[k]
     u[...], v[...] = self.uv_road
-    # grass beyond the road edges (the backgrounds agree everywhere but on the ground)
-    for plane_y, grass, b, cols, r0 in ((y, (self.bg_grass[k],), self.b, self.cols, self.row0),
-                                        ((u, v), self.uv_grass, self.b_uv, self.cols_uv, self.row0_uv)):
+    # grass beyond the road edges, row by row (the two backgrounds differ only on the ground)
+    for planes, grass, b, cols, r0 in (((y,), (self.bg_grass[k],), self.b, self.cols, self.row0),
+                                       ((u, v), self.uv_grass, self.b_uv, self.cols_uv, self.row0_uv)):
       (el, er), _ = self._cross(b, edges, c)
-      mask = (cols < np.nan_to_num(el, nan=-np.inf)[:, None]) | (cols > np.nan_to_num(er, nan=np.inf)[:, None])
-      for p, g in zip(plane_y if isinstance(plane_y, tuple) else (plane_y,), grass): np.copyto(p[r0:], g[r0:], where=mask)
+      off_road = (cols < np.nan_to_num(el, nan=-np.inf)[:, None]) | (cols > np.nan_to_num(er, nan=np.inf)[:, None])
+      for p, g in zip(planes, grass): np.copyto(p[r0:], g[r0:], where=off_road)
     # paint: each line's borders where they cross the top, middle and bottom of each row (the union, so a line
     # nearly parallel to the rows stays connected), dashes by the distance at the line's centre
     s = r['speed'].integral(t)

@@ -197,13 +197,14 @@ class Scene:
     return out
 
   def lead_state(self, t: float) -> dict:
-    """present, x (m ahead of the camera to the lead's rear), y (m right of the camera, calibrated frame), v, v_rel."""
+    """present, x (m ahead of the camera to the lead's rear), y (m right of the camera, calibrated frame), v, v_rel,
+    and whether its centre is inside the ego's lane at that distance."""
     ld, r = self.lead, self.road
     if ld is None or not ld['present'](t): return {'present': False}
-    x, v_rel = ld['distance'](t), ld['distance'].slope(t)
-    y = ld['offset'](t) - r['ego_offset'](t) + r['curvature'](t) * x * x / 2
-    return {'present': True, 'x': x, 'y': y, 'v': r['speed'](t) + v_rel, 'v_rel': v_rel,
-            'width': ld['width'], 'height': ld['height']}
+    x, v_rel, w, off = ld['distance'](t), ld['distance'].slope(t), r['lane_width'](t), r['ego_offset'](t)
+    y_lane0 = ld['offset'](t)   # relative to the centre of the ego's starting lane
+    return {'present': True, 'x': x, 'y': y_lane0 - off + r['curvature'](t) * x * x / 2, 'v': r['speed'](t) + v_rel, 'v_rel': v_rel,
+            'in_ego_lane': abs(y_lane0 - math.floor(off / w + 0.5) * w) < w / 2, 'width': ld['width'], 'height': ld['height']}
 
   def driver_state(self, t: float) -> dict:
     d, f = self.driver, self.driver['face']
