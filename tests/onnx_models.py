@@ -12,6 +12,9 @@ OPSET = 17
 def _save(path, nodes, inputs, n_out, weights, output_slices, extra_inputs=(), drop_input=None, name='tiny') -> pathlib.Path:
   ins = [helper.make_tensor_value_info(k, _DT[dt], shape) for k, (shape, dt) in inputs.items() if k != drop_input]
   ins += [helper.make_tensor_value_info(k, TensorProto.FLOAT, shape) for k, shape in extra_inputs]
+  if drop_input is not None:   # baked into the file as a constant instead of being an input
+    shape, dt = inputs[drop_input]
+    weights = {**weights, drop_input: np.zeros(shape, dt)}
   out = helper.make_tensor_value_info('outputs', TensorProto.FLOAT, (1, n_out))
   graph = helper.make_graph(nodes, name, ins, [out], [numpy_helper.from_array(w, k) for k, w in weights.items()])
   model = helper.make_model(graph, opset_imports=[helper.make_opsetid('', OPSET)], ir_version=8)
