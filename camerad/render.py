@@ -13,7 +13,7 @@ from typing import IO
 import numpy as np
 from msgq.visionipc.layout import NV12Layout
 from modelrt.geometry import camera_from_calib
-from camerad.scene import Scene
+from camerad.scene import CAMERAS, Scene
 
 X_MAX = 250.0          # metres: paint is drawn up to here; ground beyond it, up to the horizon, is haze
 N_NOISE = 4            # pre-rendered noise variants per background; each frame picks one (seeded)
@@ -56,6 +56,15 @@ def _spans(y: np.ndarray, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray, val:
   old = y[r, cols].astype(np.float64)
   y[r, cols] = _u8(old + cov * (val[idx] - old))
 
+def _window(plane: np.ndarray, scale: int, x0: float, x1: float, y0: float, y1: float):
+  """The part of a plane (sampled every `scale` camera pixels) around the camera-pixel box [x0, x1] x [y0, y1]:
+  (slices into the plane, camera-pixel coordinates of its columns' and rows' sample centres)."""
+  rows, cols = plane.shape
+  c0, c1 = max(math.floor(x0 / scale) - 1, 0), min(math.ceil(x1 / scale) + 1, cols - 1)
+  r0, r1 = max(math.floor(y0 / scale) - 1, 0), min(math.ceil(y1 / scale) + 1, rows - 1)
+  centre = (scale - 1) / 2
+  return (slice(r0, r1 + 1), slice(c0, c1 + 1)), np.arange(c0, c1 + 1) * scale + centre, np.arange(r0, r1 + 1) * scale + centre
+
 class SceneRenderer:
   """Renders one camera of a scene into NV12 buffers of `layout` (width and height must be the camera's)."""
   def __init__(self, scene: Scene, camera: str, layout: NV12Layout):
@@ -64,7 +73,7 @@ class SceneRenderer:
     if (layout.width, layout.height) != (cam.width, cam.height):
       raise ValueError(f"{camera} camera of sensor {scene.sensor} is {cam.width}x{cam.height}, layout is {layout.width}x{layout.height}")
     self.scene, self.camera, self.layout, self.cam = scene, camera, layout, cam
-    rng = np.random.default_rng([scene.seed, ('road', 'wide', 'driver').index(camera)])
+    rng = np.random.default_rng([scene.seed, CAMERAS.index(camera)])
     (self._init_driver if camera == 'driver' else self._init_road)(rng)
 
   def truth(self, frame: int) -> dict: return self.scene.truth(frame)
@@ -81,7 +90,7 @@ class SceneRenderer:
     if b != 1.0: y[...] = _u8(np.arange(256) * b)[y]
     return out
 
-  def _backgrounds(self, rng: np.random.Generator, base: dict[str, np.ndarray], texture: np.ndarray) -> list[np.ndarray]:
+  def _backgrounds(self, rng: np.random.Generator, base: np.ndarray, texture: np.ndarray) -> list[np.ndarray]:
     """N_NOISE noise variants of a float Y background."""
     noise = self.scene.lighting['noise']
     return [_u8(base + texture + rng.normal(0, noise, base.shape).astype(np.float32)) if noise else _u8(base + texture)
@@ -179,12 +188,7 @@ class SceneRenderer:
     corners = self.M @ np.array([[D, yl + sy, hgt - sz] for sy in (-hw, hw) for sz in (0, lh)]).T
     px = corners[:2] / corners[2]
     for plane_set, scale in (((y,), 1), ((u, v), 2)):
-      ph, pw = plane_set[0].shape
-      (c0, r0), (c1, r1) = np.floor(px.min(1) / scale).astype(int) - 1, np.ceil(px.max(1) / scale).astype(int) + 1
-      c0, r0, c1, r1 = max(c0, 0), max(r0, 0), min(c1, pw - 1), min(r1, ph - 1)
-      if c1 < c0 or r1 < r0: continue
-      us = np.arange(c0, c1 + 1) * scale + (scale - 1) / 2
-      vs = np.arange(r0, r1 + 1) * scale + (scale - 1) / 2
+      sl, us, vs = _window(plane_set[0], scale, px[0].min(), px[0].max(), px[1].min(), px[1].max())
       d = [self.Minv[i, 0] * us[None, :] + self.Minv[i, 1] * vs[:, None] + self.Minv[i, 2] for i in range(3)]
       with np.errstate(divide='ignore', invalid='ignore'):
         ly, lz = D * d[1] / d[0] - yl, D * d[2] / d[0]
@@ -192,8 +196,8 @@ class SceneRenderer:
       light = body & (np.abs(ly) >= hw - 0.35) & (lz >= hgt - 1.1) & (lz <= hgt - 0.85)
       for ch, p in enumerate(plane_set):
         ch += scale - 1
-        p[r0:r1 + 1, c0:c1 + 1][body] = LEAD_BODY[ch]
-        p[r0:r1 + 1, c0:c1 + 1][light] = LEAD_LIGHT[ch]
+        p[sl][body] = LEAD_BODY[ch]
+        p[sl][light] = LEAD_LIGHT[ch]
 
   # ---- driver
   def _init_driver(self, rng: np.random.Generator):
@@ -214,16 +218,11 @@ class SceneRenderer:
     eye_b = max(0.015 * b, 1.0) if closed else 0.08 * b
     ph = d['phone']
     for plane_set, scale in (((y,), 1), ((u, v), 2)):
-      rows, cols = plane_set[0].shape
-      def grid(x0, x1, y0, y1):
-        c0, c1 = max(int(x0 / scale) - 1, 0), min(int(math.ceil(x1 / scale)) + 1, cols - 1)
-        r0, r1 = max(int(y0 / scale) - 1, 0), min(int(math.ceil(y1 / scale)) + 1, rows - 1)
-        return (slice(r0, r1 + 1), slice(c0, c1 + 1)), np.arange(c0, c1 + 1) * scale + (scale - 1) / 2, np.arange(r0, r1 + 1) * scale + (scale - 1) / 2
-      sl, us, vs = grid(cx - b, cx + b, cy - b, cy + b)
+      sl, us, vs = _window(plane_set[0], scale, cx - b, cx + b, cy - b, cy + b)
       du, dv = us[None, :] - cx, vs[:, None] - cy
       p, q = math.cos(roll) * du + math.sin(roll) * dv, -math.sin(roll) * du + math.cos(roll) * dv   # face-local, rolled
       face = (p / a) ** 2 + (q / b) ** 2 <= 1
-      eyes = face & np.zeros_like(face)
+      eyes = np.zeros_like(face)
       for side in (-1, 1): eyes |= ((p - side * 0.4 * a - ex) / (0.17 * a)) ** 2 + ((q - ey) / eye_b) ** 2 <= 1
       eyes &= face
       for ch, pl in enumerate(plane_set):
@@ -232,7 +231,7 @@ class SceneRenderer:
         pl[sl][eyes] = (EYELID if closed else EYE)[ch]
       if ph['present'](t):
         pcx, pcy, pw2, ph2 = cx + ph['dx'] * fh, cy + ph['dy'] * fh, ph['width'] * fh / 2, ph['height'] * fh / 2
-        sl, us, vs = grid(pcx - pw2, pcx + pw2, pcy - ph2, pcy + ph2)
+        sl, us, vs = _window(plane_set[0], scale, pcx - pw2, pcx + pw2, pcy - ph2, pcy + ph2)
         m = (np.abs(us[None, :] - pcx) <= pw2) & (np.abs(vs[:, None] - pcy) <= ph2)
         for ch, pl in enumerate(plane_set): pl[sl][m] = PHONE[ch + scale - 1]
 

@@ -154,7 +154,8 @@ SCENE = {'name': (str, ''), 'description': (str, ''), 'sensor': (str, 'ar0231'),
 
 @dataclass(frozen=True)
 class Scene:
-  """A validated scene. `raw` keeps the parsed sections (tracks are callables of time in seconds)."""
+  """A validated scene. road, lead, lighting and driver are the parsed sections of the file (docs/SCENES.md) with
+  defaults filled in; their tracks are callables of time in seconds."""
   name: str
   sensor: str
   cameras: dict[str, CameraConfig]
@@ -192,9 +193,8 @@ class Scene:
     road = {'lane_lines': [line(ego_lane + i) for i in (-1, 0, 1, 2)],
             'road_edges': [{'y': (e + bend).round(4).tolist()} for e in edges],
             'z': self.height, 'lane_width': w, 'ego_offset': off - ego_lane * w, 'curvature': c, 'ego_lane': ego_lane}
-    out = {'frame': frame, 't': round(t, 6), 'calib': list(self.calib), 'v_ego': v, 'a_ego': r['speed'].slope(t),
-           'road': road, 'lead': self.lead_state(t), 'driver': self.driver_state(t)}
-    return out
+    return {'frame': frame, 't': round(t, 6), 'calib': list(self.calib), 'v_ego': v, 'a_ego': r['speed'].slope(t),
+            'road': road, 'lead': self.lead_state(t), 'driver': self.driver_state(t)}
 
   def lead_state(self, t: float) -> dict:
     """present, x (m ahead of the camera to the lead's rear), y (m right of the camera, calibrated frame), v, v_rel,
@@ -215,7 +215,7 @@ class Scene:
       u, v = f['x'](t) * cam.width, f['y'](t) * cam.height
       mu, mv, mw = np.linalg.inv(dm_warp_matrix(cam).astype(np.float64)) @ [u, v, 1.0]
       size_px = f['size'](t) * cam.height
-      out['face'].update({'camera_px': [u, v], 'model_px': [mu / mw, mv / mw],
+      out['face'].update({'camera_px': [u, v], 'camera_norm': [f['x'](t), f['y'](t)], 'model_px': [mu / mw, mv / mw],
                           'position': [mu / mw / DM_WIDTH - 0.5, mv / mw / DM_HEIGHT - 0.5],
                           'size_px': size_px, 'model_size_px': size_px / float(dm_warp_matrix(cam)[0, 0]),
                           'yaw': f['yaw'](t), 'pitch': f['pitch'](t), 'roll': f['roll'](t)})
@@ -248,6 +248,9 @@ def parse_scene(obj: Any, name: str = '') -> Scene:
   for i, ln in enumerate(road['lines']):
     for k in ('dash_length', 'dash_gap', 'width'):
       if ln[k] <= 0: raise SceneError(f"road.lines[{i}].{k}: expected > 0, got {ln[k]}")
+  for path, tr in (('road.lane_width', road['lane_width']), ('driver.face.size', s['driver']['face']['size']),
+                   ('lighting.brightness', s['lighting']['brightness'])):
+    if (tr.v <= 0).any(): raise SceneError(f"{path}: expected values > 0, got {tr.v.min()}")
   if s['lighting']['noise'] < 0: raise SceneError(f"lighting.noise: expected >= 0, got {s['lighting']['noise']}")
   face = s['driver']['face']
   if face['x'] is None: face['x'] = Track([0.0], [0.62 if s['driver']['wheel'] == 'right' else 0.38], False)
