@@ -213,7 +213,7 @@ class Scene:
            'phone': bool(d['phone']['present'](t)), 'face': {'present': bool(f['present'](t))}}
     if out['face']['present']:
       u, v = f['x'](t) * cam.width, f['y'](t) * cam.height
-      mu, mv, mw = np.linalg.inv(dm_warp_matrix(cam).astype(np.float64)) @ [u, v, 1.0]
+      mu, mv, mw = (float(a) for a in np.linalg.inv(dm_warp_matrix(cam).astype(np.float64)) @ [u, v, 1.0])
       size_px = f['size'](t) * cam.height
       out['face'].update({'camera_px': [u, v], 'camera_norm': [f['x'](t), f['y'](t)], 'model_px': [mu / mw, mv / mw],
                           'position': [mu / mw / DM_WIDTH - 0.5, mv / mw / DM_HEIGHT - 0.5],
