@@ -232,6 +232,7 @@ def parse_scene(obj: Any, name: str = '') -> Scene:
   if s['fps'] <= 0: raise SceneError(f"fps: expected > 0, got {s['fps']}")
   n_frames = s['frames'] if s['frames'] is not None else round(s['duration'] * s['fps'])
   if n_frames <= 0: raise SceneError(f"scene: expected at least one frame, got {n_frames}")
+  if s['seed'] < 0: raise SceneError(f"seed: expected an integer >= 0, got {s['seed']}")
   if s['height'] <= 0: raise SceneError(f"height: expected > 0 (metres above the road), got {s['height']}")
   try: cameras = {c: camera_config(s['sensor'], c) for c in CAMERAS}
   except KeyError as e: raise SceneError(f"sensor: {e.args[0]}") from None

@@ -65,6 +65,7 @@ def test_shipped_scenes_load_with_calibration():
   ({'driver': {'wheel': 'middle'}}, "driver.wheel: expected one of 'left', 'right', got 'middle'"),
   ({'calib': [0, 0]}, "calib: expected [roll, pitch, yaw] in radians"),
   ({'seed': 1.5}, "seed: expected an integer, got 1.5"),
+  ({'seed': -1}, "seed: expected an integer >= 0, got -1"),
   ({'sensor': 'nope'}, "sensor: unknown sensor 'nope', known sensors:"),
   ({'duration': 2.0}, "give exactly one of 'duration' (seconds) or 'frames'"),
   ({'road': {'lines': [{}, {}]}}, "road.lines: expected 4 lines (lanes_left + lanes_right + 2, left to right), got 2"),
