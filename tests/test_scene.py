@@ -152,6 +152,13 @@ def test_lane_truth_is_on_paint(name, camera, frame):
       uncalibrated = pixel(y, project(sc, cam, x, ly, calib=(0, 0, 0)))   # ignoring calibration misses the paint
       wrong_calib += uncalibrated is not None and uncalibrated >= PAINT['white'][0] - 20
   assert checked >= 8 and on == checked and off == checked and wrong_calib <= checked // 4, (checked, on, off, wrong_calib)
+  # road edges: asphalt inside, grass outside
+  for side, edge in zip((-1, 1), road['road_edges']):
+    for x, ey in zip(X_IDXS, edge['y']):
+      if not 6 <= x <= 50: continue
+      inside, outside = pixel(y, project(sc, cam, x, ey - side * 0.3)), pixel(y, project(sc, cam, x, ey + side * 0.3))
+      assert inside is None or inside > 85, (x, inside)
+      assert outside is None or outside < 85, (x, outside)
 
 def test_dashes_scroll_with_speed():
   r = renderer('straight', 'road')
