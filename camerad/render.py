@@ -90,11 +90,10 @@ class SceneRenderer:
     if b != 1.0: y[...] = _u8(np.arange(256) * b)[y]
     return out
 
-  def _backgrounds(self, rng: np.random.Generator, base: np.ndarray, texture: np.ndarray) -> list[np.ndarray]:
-    """N_NOISE noise variants of a float Y background."""
-    noise = self.scene.lighting['noise']
-    return [_u8(base + texture + rng.normal(0, noise, base.shape).astype(np.float32)) if noise else _u8(base + texture)
-            for _ in range(N_NOISE)]
+  def _backgrounds(self, rng: np.random.Generator, bases: list[np.ndarray], texture: np.ndarray) -> list[list[np.ndarray]]:
+    """N_NOISE noise variants of each float Y background (variant k has the same noise in every background)."""
+    noises = [rng.standard_normal(texture.shape, dtype=np.float32) * np.float32(self.scene.lighting['noise']) for _ in range(N_NOISE)]
+    return [[_u8(base + texture + n) for n in noises] for base in bases]
 
   # ---- road and wide road
   def _init_road(self, rng: np.random.Generator):
@@ -103,19 +102,17 @@ class SceneRenderer:
     self.M = camera_from_calib(sc.calib, cam)
     self.Minv = np.linalg.inv(self.M)
     # classes at Y pixel centres and at UV sample centres (the middle of each 2x2 block)
-    def classes(us, vs):
-      d = self.Minv @ np.stack([np.broadcast_to(us[None, :], (len(vs), len(us))), np.broadcast_to(vs[:, None], (len(vs), len(us))),
-                                np.ones((len(vs), len(us)))]).reshape(3, -1)
+    def classes(us, vs):   # 0 sky, 1 haze, 2 ground within X_MAX
+      dx, dz = (self.Minv[i, 0] * us[None, :] + (self.Minv[i, 1] * vs + self.Minv[i, 2])[:, None] for i in (0, 2))
       with np.errstate(divide='ignore', invalid='ignore'):
-        x = sc.height * d[0] / d[2]
-      ground = (d[2] > 0) & (x > 0)
-      return np.where(ground & (x <= X_MAX), 2, np.where(ground, 1, 0)).reshape(len(vs), len(us))
+        x = sc.height * dx / dz
+      ground = (dz > 0) & (x > 0)
+      return ground.astype(np.uint8) + (ground & (x <= X_MAX))
     cls = classes(np.arange(w, dtype=np.float64), np.arange(h, dtype=np.float64))
     cls_uv = classes(np.arange(w // 2) * 2 + 0.5, np.arange(h // 2) * 2 + 0.5)
-    def plane(cl, surfaces, ch): return np.choose(cl, [np.float32(s[ch]) for s in surfaces])
+    def plane(cl, surfaces, ch): return np.array([s[ch] for s in surfaces], np.float32)[cl]
     tex = _texture(rng, h, w) * (cls == 2)
-    self.bg_road = self._backgrounds(rng, plane(cls, (SKY, HAZE, ASPHALT), 0), tex)
-    self.bg_grass = self._backgrounds(rng, plane(cls, (SKY, HAZE, GRASS), 0), tex)
+    self.bg_road, self.bg_grass = self._backgrounds(rng, [plane(cls, (SKY, HAZE, ASPHALT), 0), plane(cls, (SKY, HAZE, GRASS), 0)], tex)
     self.uv_road = [_u8(plane(cls_uv, (SKY, HAZE, ASPHALT), ch)) for ch in (1, 2)]
     self.uv_grass = [_u8(plane(cls_uv, (SKY, HAZE, GRASS), ch)) for ch in (1, 2)]
     ground_rows = np.nonzero((cls == 2).any(1))[0]
@@ -202,7 +199,7 @@ class SceneRenderer:
   # ---- driver
   def _init_driver(self, rng: np.random.Generator):
     h, w = self.cam.height, self.cam.width
-    self.bg_cabin = self._backgrounds(rng, np.full((h, w), CABIN[0], np.float32), _texture(rng, h, w))
+    self.bg_cabin, = self._backgrounds(rng, [np.full((h, w), CABIN[0], np.float32)], _texture(rng, h, w))
 
   def _render_driver(self, t: float, k: int, y: np.ndarray, u: np.ndarray, v: np.ndarray):
     y[...] = self.bg_cabin[k]
