@@ -1,0 +1,96 @@
+"""Camera warps as tinygrad ops (capturable in a TinyJit), their numpy references, and the model image history.
+
+The 3x3 transform (model pixel -> camera pixel, see modelrt.geometry) is a Tensor input, so a calibration change
+is a new value at the next replay, never a re-capture. The buffer layout (NV12Layout) is Python, fixed per capture.
+
+Conventions, shared with the numpy references:
+- pixel (i, j) sits at coordinate (x=i, y=j); nearest neighbour is floor(c + 0.5) (ties round up).
+- U, V: chroma sample (u, v) sits at Y coordinate (2u, 2v) in both frames, so the UV map is
+  S @ M @ inv(S), S = diag(1/2, 1/2, 1), which is M * UV_SCALE elementwise (REFERENCE §4, openpilot's): it sends
+  model chroma pixel (u, v) to half of where M sends model Y pixel (2u, 2v). The kernels use that second form; it
+  is bit-identical in float32 because scaling by 2 or 1/2 is exact.
+- samples outside the camera image are clamped to its edge, like openpilot's warps (the models were trained on
+  edge-replicated borders), which also keeps every read inside the buffer's Y or UV rows. tinygrad's gather
+  additionally masks any index outside the tensor (a NaN transform reads zeros, never out of bounds).
+"""
+import numpy as np
+from tinygrad import Tensor, dtypes
+from tinygrad.helpers import Context
+from modelrt.constants import MODEL_WIDTH, MODEL_HEIGHT, IMG_CHANNELS, IMG_QUEUE_LEN, DM_WIDTH, DM_HEIGHT
+from msgq.visionipc.layout import NV12Layout
+
+UV_SCALE = np.array([[1, 1, .5], [1, 1, .5], [2, 2, 1]], dtype=np.float32)
+PACKED_SHAPE = (IMG_CHANNELS, MODEL_HEIGHT // 2, MODEL_WIDTH // 2)   # (6, 128, 256)
+
+def _check(frame: Tensor, M: Tensor, layout: NV12Layout) -> None:
+  if frame.shape != (layout.size,) or frame.dtype != dtypes.uint8:
+    raise ValueError(f"camera frame: expected a 1-D uint8 tensor of {layout.size} bytes ({layout}), got {frame.dtype} {frame.shape}")
+  if M.shape != (3, 3) or M.dtype != dtypes.float32: raise ValueError(f"transform: expected a (3, 3) float32 tensor, got {M.dtype} {M.shape}")
+
+def _nearest(M: Tensor, xs: Tensor, ys: Tensor, w: int, h: int, scale: float = 1.0) -> tuple[Tensor, Tensor]:
+  """Column and row (int32, clamped to w x h) of the nearest camera pixel to scale * M @ (xs, ys, 1)."""
+  d = M[2, 0] * xs + M[2, 1] * ys + M[2, 2]
+  def nn(num: Tensor, n: int) -> Tensor: return (num / d * scale + 0.5).floor().clip(0, n - 1).cast(dtypes.int32)
+  return nn(M[0, 0] * xs + M[0, 1] * ys + M[0, 2], w), nn(M[1, 0] * xs + M[1, 1] * ys + M[1, 2], h)
+
+def _gather(frame: Tensor, idx: Tensor) -> Tensor:
+  # tinygrad folds the one-hot reduce of frame[idx] into one load per output. Its split-reduce heuristic would first
+  # cut the megabyte-long reduce into partial sums, a 4M-element pass that made the road warp 4x slower here.
+  with Context(SPLIT_REDUCEOP=0): return frame[idx.flatten()].reshape(idx.shape).realize()
+
+def _grid(w: int, h: int, step: int = 1) -> tuple[Tensor, Tensor]:
+  return (Tensor.arange(w, dtype=dtypes.float32) * step).reshape(1, w), (Tensor.arange(h, dtype=dtypes.float32) * step).reshape(h, 1)
+
+def road_warp(frame: Tensor, M: Tensor, layout: NV12Layout) -> Tensor:
+  """NV12 camera buffer (1-D uint8, layout.size bytes) -> packed (6, 128, 256) uint8 model frame:
+  Y[0::2,0::2], Y[1::2,0::2], Y[0::2,1::2], Y[1::2,1::2] of the 512x256 Y warp, then U, V (256x128)."""
+  _check(frame, M, layout)
+  cx, cy = _nearest(M, *_grid(MODEL_WIDTH, MODEL_HEIGHT), layout.width, layout.height)
+  y_idx = (cy * layout.stride + cx).reshape(MODEL_HEIGHT // 2, 2, MODEL_WIDTH // 2, 2).permute(3, 1, 0, 2)   # (dx, dy, row, col)
+  ux, uy = _nearest(M, *_grid(MODEL_WIDTH // 2, MODEL_HEIGHT // 2, step=2), layout.width // 2, layout.height // 2, scale=0.5)
+  u_idx = layout.uv_offset + uy * layout.stride + ux * 2
+  return _gather(frame, y_idx.reshape(4, *PACKED_SHAPE[1:]).cat(u_idx.unsqueeze(0), u_idx.unsqueeze(0) + 1))
+
+def dm_warp(frame: Tensor, M: Tensor, layout: NV12Layout) -> Tensor:
+  """NV12 driver camera buffer -> (1, 1440*960) uint8: the Y plane warped to the driver model's input."""
+  _check(frame, M, layout)
+  cx, cy = _nearest(M, *_grid(DM_WIDTH, DM_HEIGHT), layout.width, layout.height)
+  return _gather(frame, cy * layout.stride + cx).reshape(1, DM_WIDTH * DM_HEIGHT)
+
+def update_img_queue(queue: Tensor, packed: Tensor) -> tuple[Tensor, Tensor]:
+  """queue (1, IMG_QUEUE_LEN*6, 128, 256) uint8, oldest frame first; packed (6, 128, 256), the newest frame.
+  Returns (new queue, model input (1, 12, 128, 256) = [the frame IMG_QUEUE_LEN-1 = 4 earlier, the newest]), older
+  first as in openpilot. The caller assigns the new queue to its state (queue.assign(new_queue))."""
+  if queue.shape != (1, IMG_QUEUE_LEN * IMG_CHANNELS, *PACKED_SHAPE[1:]) or packed.shape != PACKED_SHAPE:
+    raise ValueError(f"image queue: expected {(1, IMG_QUEUE_LEN * IMG_CHANNELS, *PACKED_SHAPE[1:])} and frame {PACKED_SHAPE}, got {queue.shape} and {packed.shape}")
+  # contiguous: the shifted queue is written to a new buffer, not over the one it reads
+  new = queue[:, IMG_CHANNELS:].cat(packed.unsqueeze(0), dim=1).contiguous()
+  return new, new[:, :IMG_CHANNELS].cat(new[:, -IMG_CHANNELS:], dim=1)
+
+# numpy references: the same mapping written plainly, for tests and for tools that warp without tinygrad
+
+def _nearest_np(M: np.ndarray, w_dst: int, h_dst: int, w: int, h: int) -> tuple[np.ndarray, np.ndarray]:
+  M = M.astype(np.float32)
+  xs, ys = np.meshgrid(np.arange(w_dst, dtype=np.float32), np.arange(h_dst, dtype=np.float32))
+  p = [M[i, 0] * xs + M[i, 1] * ys + M[i, 2] for i in range(3)]
+  def nn(c, n): return np.clip(np.floor(c / p[2] + np.float32(0.5)), 0, n - 1).astype(np.int64)
+  return nn(p[0], w), nn(p[1], h)
+
+def _planes_np(buf: np.ndarray, layout: NV12Layout) -> tuple[np.ndarray, np.ndarray]:
+  if buf.shape != (layout.size,) or buf.dtype != np.uint8: raise ValueError(f"expected {layout.size} uint8 bytes ({layout}), got {buf.dtype} {buf.shape}")
+  w, h, s = layout.width, layout.height, layout.stride
+  y = buf[:s * h].reshape(h, s)[:, :w]
+  uv = buf[layout.uv_offset:layout.uv_offset + s * h // 2].reshape(h // 2, s)[:, :w].reshape(h // 2, w // 2, 2)
+  return y, uv
+
+def road_warp_np(buf: np.ndarray, M: np.ndarray, layout: NV12Layout) -> np.ndarray:
+  y, uv = _planes_np(buf, layout)
+  cx, cy = _nearest_np(M, MODEL_WIDTH, MODEL_HEIGHT, layout.width, layout.height)
+  Y = y[cy, cx]
+  ux, uy = _nearest_np(M * UV_SCALE, MODEL_WIDTH // 2, MODEL_HEIGHT // 2, layout.width // 2, layout.height // 2)
+  return np.stack([Y[0::2, 0::2], Y[1::2, 0::2], Y[0::2, 1::2], Y[1::2, 1::2], uv[uy, ux, 0], uv[uy, ux, 1]])
+
+def dm_warp_np(buf: np.ndarray, M: np.ndarray, layout: NV12Layout) -> np.ndarray:
+  y, _ = _planes_np(buf, layout)
+  cx, cy = _nearest_np(M, DM_WIDTH, DM_HEIGHT, layout.width, layout.height)
+  return y[cy, cx].reshape(1, DM_WIDTH * DM_HEIGHT)
