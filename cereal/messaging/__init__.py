@@ -1,0 +1,157 @@
+"""cereal.messaging: Cap'n Proto `Event`s over msgq, with openpilot's PubMaster/SubMaster API."""
+import logging, os, time
+from collections import deque
+import capnp
+
+from cereal.services import SERVICES
+from msgq import (DEFAULT_MAX_SIZE, IpcError, MultiplePublishersError, Poller, PubSocket, SubSocket, drain_sock_raw,
+                  pub_sock as _pub_sock, sub_sock as _sub_sock)
+
+log = capnp.load(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "log.capnp"))
+logger = logging.getLogger("cereal.messaging")
+
+__all__ = ["log", "new_message", "log_from_bytes", "pub_sock", "sub_sock", "drain_sock", "drain_sock_raw", "recv_one",
+           "recv_one_or_none", "recv_one_retry", "PubMaster", "SubMaster", "Poller", "PubSocket", "SubSocket", "IpcError",
+           "MultiplePublishersError", "MalformedMessageError"]
+
+class MalformedMessageError(ValueError): pass
+
+def _max_size(endpoint: str) -> int:
+  return SERVICES[endpoint].max_size if endpoint in SERVICES else DEFAULT_MAX_SIZE
+
+def new_message(service: str | None = None, size: int | None = None, **kwargs) -> capnp.lib.capnp._DynamicStructBuilder:
+  """A new Event with logMonoTime set; with a service, its union member initialised (size: list length)."""
+  msg = log.Event.new_message(logMonoTime=time.monotonic_ns(), valid=True, **kwargs)
+  if service is not None:
+    if size is None: msg.init(service)
+    else: msg.init(service, size)
+  return msg
+
+def log_from_bytes(dat: bytes, struct=log.Event):
+  """Parse one message. The traversal limit is proportional to the message size, so a crafted message whose
+  pointers alias the same data cannot make a reader walk far more than it carries; plenty for normal reads."""
+  try:
+    with struct.from_bytes(dat, traversal_limit_in_words=64 * (len(dat) // 8) + 4096, nesting_limit=64) as msg:
+      msg.which()   # a union discriminant this schema does not know raises here, not in the consumer
+      return msg
+  except (capnp.KjException, ValueError, TypeError) as e:
+    raise MalformedMessageError(f"malformed message ({len(dat)} bytes): {str(e).splitlines()[0][:200]}") from None
+
+def pub_sock(endpoint: str) -> PubSocket:
+  return _pub_sock(endpoint, max_size=_max_size(endpoint))
+
+def sub_sock(endpoint: str, poller: Poller | None = None, addr: str = "127.0.0.1", conflate: bool = False,
+             timeout: int | None = None) -> SubSocket:
+  return _sub_sock(endpoint, poller=poller, addr=addr, conflate=conflate, timeout=timeout, max_size=_max_size(endpoint))
+
+def drain_sock(sock: SubSocket, wait_for_one: bool = False) -> list:
+  return [log_from_bytes(m) for m in drain_sock_raw(sock, wait_for_one)]
+
+def recv_one(sock: SubSocket):
+  """Block (up to the socket's timeout) for one message; None on timeout."""
+  dat = sock.receive()
+  return None if dat is None else log_from_bytes(dat)
+
+def recv_one_or_none(sock: SubSocket):
+  dat = sock.receive(non_blocking=True)
+  return None if dat is None else log_from_bytes(dat)
+
+def recv_one_retry(sock: SubSocket):
+  """Block until a message arrives, whatever the socket's timeout."""
+  while (dat := sock.receive()) is None: pass
+  return log_from_bytes(dat)
+
+class PubMaster:
+  def __init__(self, services: list[str]):
+    self.sock = {s: pub_sock(s) for s in services}
+
+  def send(self, s: str, dat) -> None:
+    """dat: an Event builder or its bytes."""
+    self.sock[s].send(dat if isinstance(dat, (bytes, bytearray, memoryview)) else dat.to_bytes())
+
+  def wait_for_readers_to_update(self, s: str, timeout: float, dt: float = 0.05) -> bool:
+    return self.sock[s].wait_for_readers(timeout)
+
+  def all_readers_updated(self, s: str) -> bool:
+    return self.sock[s].all_readers_updated()
+
+  def close(self) -> None:
+    for sock in self.sock.values(): sock.close()
+
+class SubMaster:
+  """The newest message of each service, with openpilot's alive/freq/valid checks from the services table.
+  A malformed message (or one of another service) is counted in `malformed`, logged and dropped."""
+  def __init__(self, services: list[str], poll: str | None = None, ignore_alive: list[str] | None = None,
+               ignore_avg_freq: list[str] | None = None, ignore_valid: list[str] | None = None, addr: str = "127.0.0.1"):
+    unknown = [s for s in services if s not in SERVICES]
+    if unknown: raise ValueError(f"unknown services {unknown}; known: {sorted(SERVICES)}")
+    if poll is not None and poll not in services: raise ValueError(f"poll service {poll!r} is not in {services}")
+    self.services, self.frame = list(services), -1
+    self.poller = Poller()
+    self.non_polled = [s for s in services if poll is not None and s != poll]
+    self.sock = {s: sub_sock(s, poller=None if s in self.non_polled else self.poller, addr=addr, conflate=True) for s in services}
+    self.updated = dict.fromkeys(services, False)
+    self.seen = dict.fromkeys(services, False)
+    self.alive = dict.fromkeys(services, False)
+    self.freq_ok = dict.fromkeys(services, False)
+    self.valid = dict.fromkeys(services, True)
+    self.recv_time = dict.fromkeys(services, 0.)
+    self.recv_frame = dict.fromkeys(services, 0)
+    self.logMonoTime = dict.fromkeys(services, 0)
+    self.malformed = dict.fromkeys(services, 0)
+    self.recv_dts = {s: deque(maxlen=max(10, int(2 * SERVICES[s].frequency))) for s in services}
+    self.ignore_alive, self.ignore_avg_freq, self.ignore_valid = set(ignore_alive or []), set(ignore_avg_freq or []), set(ignore_valid or [])
+    self.data = {s: getattr(new_message(s).as_reader(), s) for s in services}
+
+  def __getitem__(self, s: str): return self.data[s]
+
+  def _recv(self, s: str):
+    dat = self.sock[s].receive(non_blocking=True)
+    if dat is None: return None
+    try:
+      msg = log_from_bytes(dat)
+      if msg.which() != s: raise MalformedMessageError(f"expected a {s} message, got {msg.which()}")
+      return msg
+    except MalformedMessageError as e:
+      self.malformed[s] += 1
+      logger.warning("dropped malformed message on %s (%d so far): %s", s, self.malformed[s], e)
+      return None
+
+  def update(self, timeout: int = 100) -> None:
+    """Wait up to timeout ms for a polled service, then take the newest message of every service."""
+    ready = {sock for sock in self.poller.poll(timeout)}
+    msgs = [self._recv(s) for s in self.services if self.sock[s] in ready or s in self.non_polled]
+    self.update_msgs(time.monotonic(), msgs)
+
+  def update_msgs(self, cur_time: float, msgs: list) -> None:
+    self.frame += 1
+    self.updated = dict.fromkeys(self.services, False)
+    for msg in msgs:
+      if msg is None: continue
+      s = msg.which()
+      self.seen[s] = self.updated[s] = True
+      if self.recv_time[s] > 0: self.recv_dts[s].append(cur_time - self.recv_time[s])
+      self.recv_time[s], self.recv_frame[s] = cur_time, self.frame
+      self.data[s], self.logMonoTime[s], self.valid[s] = getattr(msg, s), msg.logMonoTime, msg.valid
+    for s in self.services:
+      freq = SERVICES[s].frequency
+      self.alive[s] = self.seen[s] and (cur_time - self.recv_time[s]) < 10. / freq
+      dts = self.recv_dts[s]
+      # average rate over the window, or over its newest tenth: slow to fall, quick to recover
+      rates = [len(d) / sum(d) for d in (list(dts), list(dts)[-max(1, len(dts) // 10):]) if d and sum(d) > 0]
+      self.freq_ok[s] = any(0.8 * freq <= r <= 1.2 * freq for r in rates)
+
+  def all_alive(self, service_list: list[str] | None = None) -> bool:
+    return all(self.alive[s] for s in service_list or self.services if s not in self.ignore_alive)
+
+  def all_freq_ok(self, service_list: list[str] | None = None) -> bool:
+    return all(self.freq_ok[s] for s in service_list or self.services if s not in self.ignore_avg_freq)
+
+  def all_valid(self, service_list: list[str] | None = None) -> bool:
+    return all(self.valid[s] for s in service_list or self.services if s not in self.ignore_valid)
+
+  def all_checks(self, service_list: list[str] | None = None) -> bool:
+    return self.all_alive(service_list) and self.all_freq_ok(service_list) and self.all_valid(service_list)
+
+  def close(self) -> None:
+    for sock in self.sock.values(): sock.close()
