@@ -1,14 +1,14 @@
 """Compiled model artifacts: pickled captured JITs plus a JSON manifest, verified before anything is unpickled.
 
 Layout: DIR/<family>/ (family 'road' or 'dm') holds manifest.json and, per captured JIT, NAME.pkl (program and
-buffer structure) and NAME.bin (buffer contents, out of band, 64-byte aligned), so loading maps the weights instead
-of holding a second copy in the pickle stream.
+buffer structure) and NAME.bin (buffer contents, out of band, 64-byte aligned), so loading streams the weights into
+the device buffers instead of holding a second copy of them in the pickle stream.
 
 ARTIFACTS ARE CODE: unpickling runs code. Load only artifacts you built (modeld-compile) or trust. The hashes catch
 corruption, truncation and mismatched builds; they are no defence against someone who can rewrite the manifest too.
 """
 from __future__ import annotations
-import dataclasses, hashlib, importlib.metadata, json, mmap, os, pathlib, pickle, platform, shlex, shutil
+import dataclasses, hashlib, importlib.metadata, io, json, os, pathlib, pickle, platform, shlex, shutil
 from typing import Any
 from tinygrad import Device
 from tinygrad.uop.ops import UOp, Ops, ParamArg
@@ -81,7 +81,6 @@ class _Unpickler(pickle.Unpickler):
   process, and dedups identical UOps: unpickled as is, a weight buffer and a tensor the loading process made (or the
   same pickle loaded twice) can become one buffer. Every BUFFER gets a fresh slot from this process's counter."""
   def __init__(self, data: bytes, buffers):
-    import io
     super().__init__(io.BytesIO(data), buffers=buffers)
     self.slots: dict[int, int] = {}
   def find_class(self, module, name):
@@ -92,30 +91,33 @@ class _Unpickler(pickle.Unpickler):
     return UOp(op, dtype, src, arg, tag, metadata, _buffer)
 
 def _load_verified(d: pathlib.Path, entry: dict, files: dict[str, str], rebuild: str):
-  """Hash, then unpickle from the very bytes that were hashed. Weights are mapped, not read: their pages are copied
-  once into the device buffers, so peak memory stays near one copy of the weights."""
+  """Unpickle NAME.pkl from the very bytes whose sha256 was checked. The buffer contents stream from NAME.bin one at a
+  time, hashed as they are read (the load fails if the digest is wrong): peak memory stays near one copy of the
+  weights, plus the largest buffer twice in flight."""
   def bad(msg): return ArtifactError(f"{d}: {msg}. Rebuild with: {rebuild}")
-  pkl, wts = d / entry['file'], d / entry['weights']
-  try: data = pkl.read_bytes()
+  try: data = (d / entry['file']).read_bytes()
   except OSError as e: raise bad(f"cannot read {entry['file']} ({e.strerror})") from None
   if hashlib.sha256(data).hexdigest() != files.get(entry['file']): raise bad(f"{entry['file']} does not match its sha256 in the manifest")
-  try: f = open(wts, 'rb')
+  try: f = open(d / entry['weights'], 'rb')
   except OSError as e: raise bad(f"cannot read {entry['weights']} ({e.strerror})") from None
-  with f:
-    size = os.fstat(f.fileno()).st_size
-    mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b''
-  mv = memoryview(mm)
   h = hashlib.sha256()
-  for i in range(0, size, 1 << 24): h.update(mv[i:i + (1 << 24)])
+  def read(n: int) -> bytes:
+    if len(b := f.read(n)) != n: raise bad(f"{entry['weights']} is shorter than its buffer table (truncated)")
+    h.update(b)
+    return b
+  def chunks():
+    pos = 0
+    for off, n in entry['buffers']:
+      read(off - pos)
+      yield read(n)
+      pos = off + n
+  with f:
+    try: jit = _Unpickler(data, chunks()).load()
+    except ArtifactError: raise
+    except Exception as e: raise bad(f"{entry['file']} is not a loadable pickle (truncated or corrupt: {type(e).__name__}: {e})") from None
+    while chunk := f.read(1 << 20): h.update(chunk)
   if h.hexdigest() != files.get(entry['weights']): raise bad(f"{entry['weights']} does not match its sha256 in the manifest")
-  if any(o + n > size for o, n in entry['buffers']): raise bad(f"{entry['weights']} is shorter than its buffer table")
-  views = [mv[o:o + n] for o, n in entry['buffers']]
-  try: return _Unpickler(data, views).load()
-  except Exception as e: raise bad(f"{entry['file']} is not a loadable pickle (truncated or corrupt: {type(e).__name__}: {e})") from None
-  finally:
-    for v in views: v.release()
-    mv.release()
-    if isinstance(mm, mmap.mmap): mm.close()
+  return jit
 
 MODELS = {'road': ('vision', 'policy'), 'dm': ('dm',)}
 

@@ -6,11 +6,12 @@ spec recorded at build time, outside the JIT, before the replay; and the output 
 because the next replay writes into the same buffer.
 """
 from __future__ import annotations
+import functools
 from dataclasses import dataclass, asdict
 import numpy as np
 from tinygrad import Tensor
-from tinygrad.dtype import _to_np_dtype
-from tinygrad.uop.ops import Ops
+from tinygrad.dtype import DType, _to_np_dtype, _from_np_dtype
+from tinygrad.uop.ops import Ops, buffers
 
 # clang's CPU kernels need 16-byte aligned pointers (misaligned ones segfault); a from_blob buffer gets a cache line
 ALIGN = 64
@@ -32,6 +33,8 @@ class TensorSpec:
   @classmethod
   def of(cls, name: str, t: Tensor, layout: str | None = None) -> TensorSpec:
     return cls(name, np.dtype(_to_np_dtype(t.dtype)).name, tuple(t.shape), str(t.device), t.nbytes(), layout)
+  @functools.cached_property
+  def tg_dtype(self) -> DType: return _from_np_dtype(np.dtype(self.dtype))
   def to_json(self) -> dict: return asdict(self)
   @classmethod
   def from_json(cls, d: dict) -> TensorSpec: return cls(**{**d, 'shape': tuple(d['shape'])})
@@ -40,13 +43,13 @@ def _buffer_of(t: Tensor):
   """The Buffer a tensor is exactly (a realized buffer, reshaped at most), else None (a view, or not realized)."""
   u = t.uop
   while u.op is Ops.RESHAPE: u = u.src[0]
-  return u.buffer if u.op is Ops.BUFFER and u.is_realized else None
+  return b if u.op is Ops.BUFFER and (b := buffers.get(u)) is not None and b.is_allocated() else None
 
 def check_input(spec: TensorSpec, t) -> None:
   """Raise InputSpecError naming the input, what was expected and what came."""
   def bad(what, want, got): raise InputSpecError(f"input {spec.name!r}: expected {what} {want}, got {got}")
   if not isinstance(t, Tensor): bad('a Tensor', '', type(t).__name__)
-  if (dt := np.dtype(_to_np_dtype(t.dtype)).name) != spec.dtype: bad('dtype', spec.dtype, dt)
+  if t.dtype != spec.tg_dtype: bad('dtype', spec.dtype, np.dtype(_to_np_dtype(t.dtype)).name if _to_np_dtype(t.dtype) else t.dtype)
   if t.shape != spec.shape: bad('shape', spec.shape, t.shape)
   if t.device != spec.device: bad('device', spec.device, t.device)
   if (buf := _buffer_of(t)) is None: bad('a contiguous realized buffer', '', f"a lazy or strided view {t.uop.op}")

@@ -1,0 +1,272 @@
+"""Artifacts built by modeld-compile from tiny ONNX models (built once for this module), the loader's refusals, and the
+runners the daemons use every frame (frame history, camera buffers, outputs that outlive the next frame)."""
+import json, os, pickle, shutil
+import numpy as np
+import pytest
+from tinygrad.helpers import Context
+from onnx_models import vision_onnx, policy_onnx, dm_onnx
+from msgq.visionipc.layout import NV12Layout
+from modelrt.constants import (VISION_OUTPUT_SIZES, POLICY_OUTPUT_SIZES, DM_OUTPUT_SIZES, slices_from_sizes, FRAME_SKIP, DESIRE_LEN, HISTORY_LEN,
+                               IMG_CHANNELS)
+from modelrt.artifact import load_artifact, ArtifactError, FORMAT_VERSION, tinygrad_version, _load_verified
+from modelrt.compile import main
+from modelrt.guard import CameraLayoutError, _buffer_of
+from modelrt.runner import RoadRunner, DMRunner, aligned_empty
+from modelrt.warp import road_warp_np, dm_warp_np
+
+MAIN, EXTRA = NV12Layout.aligned(64, 48), NV12Layout.packed(64, 48)
+
+class CamBuf:
+  """What VisionIPC's VisionBuf offers the runners: an address, a ring index, a stream and the NV12 layout."""
+  def __init__(self, layout: NV12Layout, stream=0, idx=0, seed=0, misalign=0):
+    self.data = aligned_empty(layout.size + misalign)[misalign:]
+    self.data[:] = np.random.default_rng(seed).integers(0, 256, layout.size, dtype=np.uint8)
+    self.addr, self.stream, self.idx = self.data.ctypes.data, stream, idx
+    self.width, self.height, self.stride, self.uv_offset, self.size = layout.width, layout.height, layout.stride, layout.uv_offset, layout.size
+
+@pytest.fixture(scope='module')
+def built(tmp_path_factory):
+  d = tmp_path_factory.mktemp('runtime')
+  onnx = {'vision': vision_onnx(d / 'v.onnx'), 'policy': policy_onnx(d / 'p.onnx'), 'dm': dm_onnx(d / 'd.onnx')}
+  road = ['--vision-onnx', str(onnx['vision']), '--policy-onnx', str(onnx['policy']), '--camera', str(MAIN), '--camera', str(EXTRA),
+          '--out', str(d / 'art'), '--quiet']
+  with Context(PARALLEL=0):
+    assert main(road) == 0
+    assert main(['--dm-onnx', str(onnx['dm']), '--camera', str(MAIN), '--out', str(d / 'art'), '--quiet']) == 0
+  return d / 'art', onnx, road
+
+@pytest.fixture(scope='module')
+def road(built): return load_artifact(built[0], 'road')
+
+T = np.array([[64 / 512, 0, 0], [0, 48 / 256, 0], [0, 0, 1]], np.float32)   # model frame -> the 64x48 camera
+def desire(i=None): return np.eye(DESIRE_LEN, dtype=np.float32)[i] if i is not None else np.zeros(DESIRE_LEN, np.float32)
+LHD = np.array([1, 0], np.float32)
+
+@pytest.fixture
+def runner(road):
+  r = RoadRunner(road, MAIN, None)
+  r.set_transforms(T, T * 1.1)
+  return r
+
+# ***** the artifact *****
+
+def test_manifest_describes_the_build(built, road):
+  m = road.manifest
+  assert (m['format'], m['family'], m['tinygrad'], m['target']['device']) == (FORMAT_VERSION, 'road', tinygrad_version(), 'CPU')
+  if os.uname().machine == 'x86_64': assert 'sse2' in m['target']['cpu_features']
+  assert m['options'] == {'beam': 0} and m['layouts'] == [str(MAIN), str(EXTRA)]
+  assert m['output_slices']['vision'] == {k: [s.start, s.stop] for k, s in slices_from_sizes(VISION_OUTPUT_SIZES).items()}
+  assert road.output_slices('policy') == slices_from_sizes(POLICY_OUTPUT_SIZES)
+  warp = m['jits']['warp_' + str(MAIN).replace(':', '_')]
+  assert {i['name']: (i['device'], i['layout'], i['shape'][0]) for i in warp['inputs']}['frame'] == ('CPU', str(MAIN), MAIN.size)
+  assert set(m['files']) == {f for j in m['jits'].values() for f in (j['file'], j['weights'])}
+  assert m['command'][:3] == ['modeld-compile', '--vision-onnx', str(built[1]['vision'].resolve())] and str(EXTRA) in m['command']
+
+def test_unchanged_build_is_skipped(built, capsys):
+  mtime = os.stat(built[0] / 'road' / 'manifest.json').st_mtime_ns
+  assert main(built[2]) == 0
+  assert 'road: up to date' in capsys.readouterr().out and os.stat(built[0] / 'road' / 'manifest.json').st_mtime_ns == mtime
+
+@pytest.fixture
+def copy(built, tmp_path):
+  shutil.copytree(built[0] / 'road', tmp_path / 'road')
+  return tmp_path
+
+def _edit_manifest(d, fn):
+  m = json.loads((p := d / 'road' / 'manifest.json').read_text())
+  fn(m)
+  p.write_text(json.dumps(m))
+
+@pytest.mark.parametrize('edit, msg', [
+  (lambda m: m.update(format=FORMAT_VERSION + 1), f"format version {FORMAT_VERSION + 1}, this loader reads {FORMAT_VERSION}"),
+  (lambda m: m.update(tinygrad='0.0.1'), f"built with tinygrad 0.0.1, this is tinygrad {tinygrad_version()}"),
+  (lambda m: m['target'].update(device='CUDA'), "built for device CUDA, this process uses CPU"),
+  (lambda m: m['target'].update(arch='x86_64,znver9'), "arch x86_64,znver9"),
+  (lambda m: m['target']['cpu_features'].append('avx512_imaginary'), "instruction-set features this machine lacks: avx512_imaginary"),
+  (lambda m: m.update(family='dm'), "holds family 'dm', expected 'road'"),
+])
+def test_loader_refuses_other_builds_with_the_rebuild_command(copy, edit, msg):
+  _edit_manifest(copy, edit)
+  with pytest.raises(ArtifactError, match='Rebuild with: modeld-compile --vision-onnx') as e: load_artifact(copy, 'road')
+  assert msg in str(e.value)
+
+@pytest.mark.parametrize('fn', ['vision.bin', 'policy.pkl', 'warp_' + str(MAIN).replace(':', '_') + '.pkl'])
+def test_loader_refuses_altered_truncated_or_missing_files(copy, fn):
+  p = copy / 'road' / fn
+  data = p.read_bytes()
+  p.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+  with pytest.raises(ArtifactError, match=f"{fn} does not match its sha256 in the manifest.*Rebuild with: modeld-compile"): load_artifact(copy, 'road')
+  p.write_bytes(data[:len(data) // 2])
+  with pytest.raises(ArtifactError, match=f"{fn} (does not match its sha256|is shorter than its buffer table)"): load_artifact(copy, 'road')
+  p.unlink()
+  with pytest.raises(ArtifactError, match=f"{fn} is missing"): load_artifact(copy, 'road')
+
+def test_no_artifact_says_how_to_build_one(tmp_path):
+  with pytest.raises(ArtifactError, match="no manifest.json; build the road artifact with modeld-compile"): load_artifact(tmp_path, 'road')
+
+def test_altered_pickle_is_never_unpickled(copy, tmp_path):
+  class Evil:
+    def __reduce__(self): return (os.system, ('touch ' + str(tmp_path / 'pwned'),))
+  (copy / 'road' / 'vision.pkl').write_bytes(pickle.dumps(Evil()))
+  with pytest.raises(ArtifactError, match="vision.pkl does not match its sha256"): load_artifact(copy, 'road')
+  assert not (tmp_path / 'pwned').exists()
+
+def test_truncated_pickle_with_a_matching_hash_is_a_clear_error(copy):
+  import hashlib
+  p = copy / 'road' / 'policy.pkl'
+  p.write_bytes(p.read_bytes()[:1000])
+  _edit_manifest(copy, lambda m: m['files'].update({'policy.pkl': hashlib.sha256(p.read_bytes()).hexdigest()}))
+  with pytest.raises(ArtifactError, match=r"policy.pkl is not a loadable pickle \(truncated or corrupt"): load_artifact(copy, 'road')
+
+def test_each_load_gets_its_own_buffers(road):
+  # tinygrad 0.14 keys buffers by per-process slot numbers and dedups equal UOps: two plain unpickles share buffers
+  e = road.manifest['jits']['vision']
+  data, w = (road.dir / e['file']).read_bytes(), (road.dir / e['weights']).read_bytes()
+  plain = [pickle.loads(data, buffers=[memoryview(w)[o:o + n] for o, n in e['buffers']]) for _ in range(2)]
+  assert _buffer_of(plain[0].captured.ret) is _buffer_of(plain[1].captured.ret)
+  ours = [road.load_jit('vision') for _ in range(2)]
+  assert _buffer_of(ours[0].jit.captured.ret) is not _buffer_of(ours[1].jit.captured.ret)
+
+@pytest.mark.parametrize('model', ['vision', 'policy', 'dm'])
+def test_models_match_onnxruntime(built, model):
+  ort = pytest.importorskip('onnxruntime')
+  from tinygrad import Tensor
+  from modelrt.runner import host_tensor
+  art = load_artifact(built[0], 'dm' if model == 'dm' else 'road')
+  g, rng = art.models[model], np.random.default_rng(5)
+  feeds = {}
+  for k, s in g.inputs.items():
+    a = rng.integers(0, 256, s.shape, dtype=np.uint8) if s.dtype == 'uint8' else rng.standard_normal(s.shape).astype(s.dtype)
+    feeds[k] = (a, host_tensor(a) if s.device == 'NPY' else Tensor(a, device=s.device).realize())
+  ours = g(**{k: t for k, (a, t) in feeds.items()})
+  so = ort.SessionOptions()
+  so.intra_op_num_threads = 1
+  theirs = ort.InferenceSession(str(built[1][model]), so).run(None, {k: a for k, (a, t) in feeds.items()})[0].reshape(-1)
+  np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4)   # float32, summation order differs
+
+# ***** the road runner *****
+
+def test_outputs_are_cut_and_outlive_later_frames(runner):
+  bufs = [CamBuf(MAIN, idx=i, seed=i) for i in range(3)]
+  first = runner.run(bufs[0], None, desire(), LHD)
+  assert set(first) == set(VISION_OUTPUT_SIZES) | set(POLICY_OUTPUT_SIZES) | {'raw'}
+  assert all(first[k].shape == (n,) for k, n in {**VISION_OUTPUT_SIZES, **POLICY_OUTPUT_SIZES}.items())
+  held = {k: v.copy() for k, v in first.items()}
+  for b in bufs[1:]: runner.run(b, None, desire(), LHD)
+  assert all(np.array_equal(first[k], held[k]) for k in held)
+
+def test_image_queue_keeps_the_frame_four_earlier(road):
+  w = road.load_jit(road.warp_name(str(MAIN)))
+  r = RoadRunner(road, MAIN, None)
+  r.set_transforms(T, T)
+  bufs, imgs = [CamBuf(MAIN, idx=i, seed=10 + i) for i in range(2 * FRAME_SKIP + 1)], []
+  for b in bufs:
+    imgs.append(w(queue=r.queues['img'], frame=r.cameras.get(b, MAIN), transform=r.transforms['img'][1]).reshape(2 * IMG_CHANNELS, -1))
+  assert not imgs[0][:IMG_CHANNELS].any()                  # no history yet: the older half is zeros
+  for b, img in zip(bufs, imgs):                            # the newest half is the warp of this frame (from_blob, reloaded JIT)
+    np.testing.assert_array_equal(img[IMG_CHANNELS:], road_warp_np(b.data, T, MAIN).reshape(IMG_CHANNELS, -1))
+  for k in range(len(bufs) - FRAME_SKIP):
+    np.testing.assert_array_equal(imgs[k + FRAME_SKIP][:IMG_CHANNELS], imgs[k][IMG_CHANNELS:])
+  assert not np.array_equal(imgs[-1][IMG_CHANNELS:], imgs[-2][IMG_CHANNELS:])
+
+def test_feature_and_desire_history(runner):
+  hs = []
+  for i in range(2 * FRAME_SKIP + 1):
+    hs.append(runner.run(CamBuf(MAIN, seed=20 + i), None, desire(3 if i >= 2 else None), LHD)['hidden_state'].copy())
+  fb = runner.features_buffer[0][0]
+  np.testing.assert_array_equal(fb[-1], hs[-1])
+  np.testing.assert_array_equal(fb[-2], hs[-1 - FRAME_SKIP])
+  np.testing.assert_array_equal(fb[-3], hs[-1 - 2 * FRAME_SKIP])
+  assert not fb[:-3].any()
+  # desire 3 held from frame 2 on: one pulse on the rising edge, max over blocks of 4 frames
+  assert runner.full_desire[:, 3].sum() == 1 and runner.full_desire[-1 - (2 * FRAME_SKIP - 2), 3] == 1
+  assert runner.desire_pulse[0][0, :, 3].sum() == 1 and runner.desire_pulse[0].shape == (1, HISTORY_LEN, DESIRE_LEN)
+  runner.run(CamBuf(MAIN, seed=1), None, desire(0), LHD)
+  assert runner.full_desire[-1, 0] == 0                     # index 0 (no desire) never pulses
+
+def test_prepare_only_updates_images_and_desire_not_features(runner):
+  runner.run(CamBuf(MAIN, seed=30), None, desire(), LHD)
+  fb = runner.features_buffer[0].copy()
+  assert runner.run(CamBuf(MAIN, seed=31), None, desire(2), LHD, prepare_only=True) is None
+  np.testing.assert_array_equal(runner.features_buffer[0], fb)
+  assert runner.full_desire[-1, 2] == 1
+
+def test_reset_clears_history(road):
+  r = RoadRunner(road, MAIN, None)
+  r.set_transforms(T, T * 1.1)
+  x = CamBuf(MAIN, seed=40)
+  fresh = r.run(x, None, desire(), LHD)
+  for i in range(FRAME_SKIP + 1): r.run(CamBuf(MAIN, seed=41 + i), None, desire(4), LHD)
+  with_history = r.run(x, None, desire(), LHD)
+  assert not np.array_equal(with_history['raw'], fresh['raw'])
+  r.reset()
+  np.testing.assert_array_equal(r.run(x, None, desire(), LHD)['raw'], fresh['raw'])
+
+def test_new_buffer_pointer_is_picked_up(runner):
+  a, b = CamBuf(MAIN, idx=0, seed=50), CamBuf(MAIN, idx=1, seed=51)
+  out_a = runner.run(a, None, desire(), LHD)['raw'].copy()
+  runner.reset()
+  out_b = runner.run(b, None, desire(), LHD)['raw'].copy()
+  assert not np.array_equal(out_a, out_b)
+  runner.reset()
+  remapped = CamBuf(MAIN, idx=0, seed=51)                   # ring index 0 mapped again at another address (camera restart)
+  assert remapped.addr != a.addr
+  np.testing.assert_array_equal(runner.run(remapped, None, desire(), LHD)['raw'], out_b)
+  runner.release_camera_tensors()
+  assert not runner.cameras._cache
+
+def test_two_cameras_with_different_layouts(road):
+  r = RoadRunner(road, MAIN, EXTRA)
+  r.set_transforms(T, T)
+  out = r.run(CamBuf(MAIN, 0, seed=60), CamBuf(EXTRA, 2, seed=61), desire(), LHD)
+  r.reset()
+  assert not np.array_equal(out['raw'], r.run(CamBuf(MAIN, 0, seed=60), CamBuf(EXTRA, 2, seed=62), desire(), LHD)['raw'])
+  with pytest.raises(CameraLayoutError, match=f"expected layout {EXTRA}, got {MAIN}"): r.run(CamBuf(MAIN), CamBuf(MAIN, 2), desire(), LHD)
+
+def test_transforms_are_live_inputs(runner):
+  x = CamBuf(MAIN, seed=70)
+  out = runner.run(x, None, desire(), LHD)['raw'].copy()
+  runner.reset()
+  runner.set_transforms(T + np.array([[0, 0, 5], [0, 0, 3], [0, 0, 0]], np.float32), T * 1.1)
+  assert not np.array_equal(out, runner.run(x, None, desire(), LHD)['raw'])
+
+@pytest.mark.parametrize('buf, msg', [
+  (lambda: CamBuf(NV12Layout(64, 48, 128, 8192, 12288 + 64)), r"expected layout 64x48:128:8192:12288, got 64x48:128:8192:12352"),
+  (lambda: CamBuf(NV12Layout(64, 48, 256, 256 * 64, 256 * 96)), r"got 64x48:256:16384:24576"),
+  (lambda: CamBuf(MAIN, misalign=16), r"is not 64-byte aligned"),
+])
+def test_bad_camera_buffers_are_refused_and_change_nothing(runner, buf, msg):
+  runner.run(CamBuf(MAIN, seed=80), None, desire(5), LHD)
+  before = (runner.full_desire.copy(), runner.features_buffer[0].copy())
+  with pytest.raises(CameraLayoutError, match=msg): runner.run(buf(), None, desire(6), LHD)
+  assert np.array_equal(runner.full_desire, before[0]) and np.array_equal(runner.features_buffer[0], before[1])
+
+def test_bad_host_inputs_are_refused(runner):
+  with pytest.raises(ValueError, match=r"desire: expected shape \(8,\), got \(7,\)"): runner.run(CamBuf(MAIN), None, np.zeros(7), LHD)
+  with pytest.raises(ValueError, match=r"traffic_convention: expected shape \(2,\)"): runner.run(CamBuf(MAIN), None, desire(), np.zeros(3))
+  with pytest.raises(ValueError, match=r"img transform: expected shape \(3, 3\)"): runner.set_transforms(np.eye(2), np.eye(3))
+
+def test_unserved_layout_names_the_command_that_builds_it(road):
+  with pytest.raises(ArtifactError, match=r"no warp compiled for camera layout 32x16:32:512:768 .*--camera 32x16:32:512:768"):
+    RoadRunner(road, NV12Layout.packed(32, 16), None)
+
+def test_warmup_leaves_no_history(runner):
+  runner.warmup()
+  assert not runner.full_desire.any() and not runner.features_buffer[0].any()
+  assert not _buffer_of(runner.queues['img']).numpy().any()
+
+# ***** the driver monitoring runner *****
+
+def test_dm_runner(built):
+  r = DMRunner(built[0], MAIN)
+  r.warmup()
+  x = CamBuf(MAIN, stream=1, seed=90)
+  out = r.run(x, np.zeros(3), T)
+  np.testing.assert_array_equal(r.warp(frame=r.cameras.get(x, MAIN), transform=r.transform[1]), dm_warp_np(x.data, T, MAIN).reshape(-1))
+  assert set(out) == set(DM_OUTPUT_SIZES) | {'raw'} and out['raw'].shape == (sum(DM_OUTPUT_SIZES.values()),)
+  held = out['raw'].copy()
+  assert not np.array_equal(held, r.run(x, np.array([0, .1, 0]), T)['raw'])          # calibration is a live input
+  assert not np.array_equal(held, r.run(x, np.zeros(3), T * 1.2)['raw'])             # so is the transform
+  np.testing.assert_array_equal(r.run(x, np.zeros(3), T)['raw'], held)
+  np.testing.assert_array_equal(out['raw'], held)
+  with pytest.raises(CameraLayoutError): r.run(CamBuf(EXTRA, stream=1), np.zeros(3), T)
