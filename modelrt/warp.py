@@ -22,10 +22,12 @@ from msgq.visionipc.layout import NV12Layout
 UV_SCALE = np.array([[1, 1, .5], [1, 1, .5], [2, 2, 1]], dtype=np.float32)
 PACKED_SHAPE = (IMG_CHANNELS, MODEL_HEIGHT // 2, MODEL_WIDTH // 2)   # (6, 128, 256)
 
-def _check(frame: Tensor, M: Tensor, layout: NV12Layout) -> None:
+def _check(frame: Tensor, M: Tensor, layout: NV12Layout) -> Tensor:
+  """Checks the Python-fixed shapes at trace time; returns M on the frame's device (a host 'NPY' tensor works)."""
   if frame.shape != (layout.size,) or frame.dtype != dtypes.uint8:
     raise ValueError(f"camera frame: expected a 1-D uint8 tensor of {layout.size} bytes ({layout}), got {frame.dtype} {frame.shape}")
   if M.shape != (3, 3) or M.dtype != dtypes.float32: raise ValueError(f"transform: expected a (3, 3) float32 tensor, got {M.dtype} {M.shape}")
+  return M.to(frame.device)
 
 def _nearest(M: Tensor, xs: Tensor, ys: Tensor, w: int, h: int, scale: float = 1.0) -> tuple[Tensor, Tensor]:
   """Column and row (int32, clamped to w x h) of the nearest camera pixel to scale * M @ (xs, ys, 1)."""
@@ -44,7 +46,7 @@ def _grid(w: int, h: int, step: int = 1) -> tuple[Tensor, Tensor]:
 def road_warp(frame: Tensor, M: Tensor, layout: NV12Layout) -> Tensor:
   """NV12 camera buffer (1-D uint8, layout.size bytes) -> packed (6, 128, 256) uint8 model frame:
   Y[0::2,0::2], Y[1::2,0::2], Y[0::2,1::2], Y[1::2,1::2] of the 512x256 Y warp, then U, V (256x128)."""
-  _check(frame, M, layout)
+  M = _check(frame, M, layout)
   cx, cy = _nearest(M, *_grid(MODEL_WIDTH, MODEL_HEIGHT), layout.width, layout.height)
   y_idx = (cy * layout.stride + cx).reshape(MODEL_HEIGHT // 2, 2, MODEL_WIDTH // 2, 2).permute(3, 1, 0, 2)   # (dx, dy, row, col)
   ux, uy = _nearest(M, *_grid(MODEL_WIDTH // 2, MODEL_HEIGHT // 2, step=2), layout.width // 2, layout.height // 2, scale=0.5)
@@ -53,7 +55,7 @@ def road_warp(frame: Tensor, M: Tensor, layout: NV12Layout) -> Tensor:
 
 def dm_warp(frame: Tensor, M: Tensor, layout: NV12Layout) -> Tensor:
   """NV12 driver camera buffer -> (1, 1440*960) uint8: the Y plane warped to the driver model's input."""
-  _check(frame, M, layout)
+  M = _check(frame, M, layout)
   cx, cy = _nearest(M, *_grid(DM_WIDTH, DM_HEIGHT), layout.width, layout.height)
   return _gather(frame, cy * layout.stride + cx).reshape(1, DM_WIDTH * DM_HEIGHT)
 
