@@ -1,0 +1,89 @@
+"""Reference driver monitoring model in plain tinygrad, in openpilot's I/O layout, computed from the pixels.
+
+The 1440x960 Y plane is mean-pooled 4x4 (360x240). Each driver side looks at its half of the image (LHD drivers
+sit in the left half, see docs/SCENES.md):
+- face: the skin-bright blob (between the dark cabin and the brightest things): its pixel count gives face_prob,
+  its centroid the position (openpilot's convention: pixel / (1440, 960) - 0.5), its area the size;
+- eyes: darker-than-skin spots in the upper face; an open eye is very dark, a closed one a thin mid-grey line. The
+  eye pair's offset from the face centre gives yaw and pitch (eyes sit at +-0.4 a + 0.6 a sin(yaw) across and
+  -0.15 b + 0.6 b sin(pitch) down of an a x b face), the line through both eyes the roll;
+- phone: the brightest pixels near the face;
+- wheel_on_right: which half holds more skin.
+Orientation is [pitch, yaw, roll] (radians, yaw > 0 towards image right, pitch > 0 down, roll > 0 clockwise),
+camera-relative minus the calibration's (pitch, yaw, roll). Sunglasses are never detected (low, constant).
+"""
+import hashlib, math
+from pathlib import Path
+import numpy as np
+from tinygrad import Tensor, dtypes
+from modelrt.constants import DM_WIDTH, DM_HEIGHT, DM_INPUTS, DM_OUTPUT_SIZES, slices_from_sizes
+from modelrt.modeldef import ModelDef
+
+SOURCE_SHA256 = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+POOL = 4
+PW, PH = DM_WIDTH // POOL, DM_HEIGHT // POOL
+SKIN = (130.0, 200.0)      # skin 160; cabin 60, closed eye 105, open eye 25, phone 235
+EYE_DARK = 130.0           # eye spots (open or closed) are darker than this inside the face
+EYE_OPEN = 70.0            # open eyes are darker than this
+PHONE = 215.0
+FACE_AREA_MIN = 1000.0     # pooled pixels: a face of 0.4 camera heights covers ~8600
+EYE_AREA = math.pi * 0.17 * 0.375 * 0.08 * 0.5   # one open eye, in face heights^2
+
+def side(Y: Tensor, u: Tensor, v: Tensor, half: Tensor, calib: Tensor) -> dict[str, Tensor]:
+  """Everything of one driver side; Y (PH, PW) pooled, u/v pixel-centre coordinates (full-res px), half a 0/1 mask."""
+  skin = ((Y > SKIN[0]) & (Y < SKIN[1])).float() * half
+  n = skin.sum()
+  cu, cv = (skin * u).sum() / (n + 1e-3), (skin * v).sum() / (n + 1e-3)
+  H = (n * POOL * POOL / (math.pi * 0.375 * 0.5)).sqrt()          # face height from the ellipse area
+  a, b = 0.375 * H, 0.5 * H
+  # eye spots: darker than skin inside the face's ellipse (shrunk off its blurred rim), above the mouth
+  du, dv = u - cu, v - cv
+  box = (((du / (a + 1e-3)) ** 2 + (dv / (b + 1e-3)) ** 2 < 0.8) & (dv < 0.35 * b)).float() * half
+  eye = (Y < EYE_DARK).float() * box
+  ne = eye.sum()
+  eu, ev = (eye * u).sum() / (ne + 1e-3), (eye * v).sum() / (ne + 1e-3)
+  left_img, right_img = eye * (u < eu).float(), eye * (u >= eu).float()
+  nl, nr = left_img.sum(), right_img.sum()
+  roll = (((right_img * v).sum() / (nr + 1e-3) - (left_img * v).sum() / (nl + 1e-3)) /
+          ((right_img * u).sum() / (nr + 1e-3) - (left_img * u).sum() / (nl + 1e-3) + 1e-3)).clip(-1, 1)
+  roll = roll.atan()
+  # the eye pair's offset from the face centre in face-local axes (undo the roll)
+  c, s = roll.cos(), roll.sin()
+  ou, ov = c * (eu - cu) + s * (ev - cv), -s * (eu - cu) + c * (ev - cv)
+  yaw = (ou / (0.6 * a + 1e-3)).clip(-0.99, 0.99)
+  pitch = ((ov + 0.15 * b) / (0.6 * b + 1e-3)).clip(-0.99, 0.99)
+  yaw, pitch = _asin(yaw), _asin(pitch)
+  face = n > FACE_AREA_MIN
+  eyes_seen = face & (ne * POOL * POOL > 0.5 * EYE_AREA * H * H)
+  # openness per eye: the driver's left eye is on the image's right (the camera faces the driver)
+  want = EYE_AREA * H * H / (POOL * POOL) + 1
+  open_l = ((Y < EYE_OPEN).float() * right_img).sum() / want
+  open_r = ((Y < EYE_OPEN).float() * left_img).sum() / want
+  eye_logit = lambda o: face.where(((o - 0.3) * 12).clip(-6, 6), -4.0)
+  blink_logit = lambda o: face.where(((0.3 - o) * 12).clip(-6, 6), -4.0)
+  near = ((du.abs() < 1.3 * H) & (dv.abs() < H)).float()
+  phone = ((Y > PHONE).float() * near).sum() / (0.02 * H * H / (POOL * POOL) + 1)
+  orient_std = eyes_seen.where(0.1, 1.0)
+  return {'face_descs': Tensor.stack(pitch - calib[0, 1], yaw - calib[0, 2], roll - calib[0, 0],
+                                     cu / DM_WIDTH - 0.5, cv / DM_HEIGHT - 0.5, H / DM_HEIGHT,
+                                     orient_std.log(), orient_std.log(), orient_std.log(),
+                                     face.where(math.log(0.01), 0.0), face.where(math.log(0.01), 0.0), face.where(math.log(0.02), 0.0)),
+          'face_prob': ((n - FACE_AREA_MIN) / 300).clip(-6, 6), 'left_eye_prob': eye_logit(open_l), 'right_eye_prob': eye_logit(open_r),
+          'left_blink_prob': blink_logit(open_l), 'right_blink_prob': blink_logit(open_r), 'sunglasses_prob': n * 0 - 4.0,
+          'using_phone_prob': face.where(((phone - 0.3) * 10).clip(-6, 6), -4.0), 'sleep_prob': blink_logit((open_l + open_r) / 2) - 2.0,
+          'n': n}
+
+def _asin(x: Tensor) -> Tensor: return (x / (1 - x * x).sqrt()).atan()
+
+def dm_fn(input_img: Tensor, calib: Tensor) -> Tensor:
+  Y = input_img.reshape(PH, POOL, PW, POOL).cast(dtypes.float32).mean((1, 3))
+  u = (Tensor.arange(PW).float() * POOL + (POOL - 1) / 2).reshape(1, PW).expand(PH, PW)
+  v = (Tensor.arange(PH).float() * POOL + (POOL - 1) / 2).reshape(PH, 1).expand(PH, PW)
+  left = (u < DM_WIDTH / 2).float()
+  sides = {'lhd': side(Y, u, v, left, calib), 'rhd': side(Y, u, v, 1 - left, calib)}
+  heads = {f'{k}_{s}': sides[s][k] for s in sides for k in sides[s] if k != 'n'}
+  heads['wheel_on_right'] = ((sides['rhd']['n'] - sides['lhd']['n']) / 300).clip(-6, 6)
+  return Tensor.cat(*[heads[k].reshape(-1).cast(dtypes.float32) for k in DM_OUTPUT_SIZES]).reshape(1, -1)
+
+def dm_model() -> ModelDef:
+  return ModelDef('dm', dict(DM_INPUTS), slices_from_sizes(DM_OUTPUT_SIZES), dm_fn, SOURCE_SHA256)

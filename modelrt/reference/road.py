@@ -1,0 +1,350 @@
+"""Reference road models: vision and policy in plain tinygrad, computed from the pixels, in openpilot's I/O layout.
+
+Vision reads the newest and the 4-frames-older packed model frame of `img`, rebuilds their 512x256 Y planes and
+works in the calibrated model frame, where a road point (x ahead, y right, camera height h below) sits at
+u = cx + fl*y/x, v = cy + fl*h/x: every image row v is one distance x = fl*h/(v - cy).
+- Paint: a ridge detector (a pixel brighter than the mean of both neighbourhoods, at three widths) per row.
+- Lines: the paint nearest the centre on each side in the near rows seeds the ego lines; windowed centroids
+  per row and weighted quadratic fits y = a + b*x + c*x^2 refine them over growing distance ranges; the
+  adjacent lines are seeded beyond the ego lines the same way. Stds are small where rows carried paint and
+  grow where the fit extrapolates; a line with little paint gets a low probability and a large std.
+- Lead: the lowest row whose ego-lane interior is mostly dark (and stays dark above it) is the lead's contact
+  row: x = fl*h/(v - cy). The same in the older frame gives the relative speed over the 0.2 s between them.
+- Ego speed: the dashes of the ego lines move towards the camera between the two frames; the shift that best
+  aligns the older dash pattern with the newest, over 0.2 s, is the speed (unknown on solid paint: high std).
+- hidden_state carries these numbers (see HIDDEN) for the policy; what a single frame pair cannot give
+  (pose rotation, wide camera extrinsics, road transform) is zero with a high std.
+Policy reads the 25-deep feature history and plans along the lane centre at the estimated speed.
+"""
+import hashlib, math
+from pathlib import Path
+import numpy as np
+from tinygrad import Tensor, dtypes
+from modelrt.constants import (IDX_N, X_IDXS, T_IDXS, LEAD_T_IDXS, LEAD_MHP_N, LEAD_MHP_SELECTION, LEAD_TRAJ_LEN, LEAD_WIDTH,
+                               NUM_LANE_LINES, DESIRE_LEN, DESIRE_PRED_LEN, META_LEN, POSE_WIDTH, FEATURE_LEN, PLAN_MHP_N,
+                               PLAN_WIDTH, MODEL_WIDTH, MODEL_HEIGHT, FRAME_SKIP, MODEL_RUN_FREQ, VISION_INPUTS, POLICY_INPUTS,
+                               VISION_OUTPUT_SIZES, POLICY_OUTPUT_SIZES, slices_from_sizes)
+from modelrt.geometry import MEDMODEL_INTRINSICS
+from modelrt.modeldef import ModelDef
+
+FL, CX, CY = float(MEDMODEL_INTRINSICS[0, 0]), float(MEDMODEL_INTRINSICS[0, 2]), float(MEDMODEL_INTRINSICS[1, 2])
+CAM_HEIGHT = 1.22                    # assumed camera height above a flat road (m)
+FRAME_DT = FRAME_SKIP / MODEL_RUN_FREQ   # 0.2 s between the two frames of img
+V0 = 52                              # first row used (x = 253 m); rows above are sky
+XS = 50.0                            # fit basis x/XS keeps the normal equations well conditioned in float32
+DEFAULT_SPEED = 20.0                 # m/s, assumed by the policy while no dashes have been seen to move
+SHOULDER = 0.8                       # m of asphalt beyond the outer lines (the synthetic scenes' default)
+_X10 = int(np.argmin(np.abs(X_IDXS - 10.0)))
+SOURCE_SHA256 = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+
+# hidden_state layout: what the policy reads from each history entry
+HIDDEN = {'centre': slice(0, IDX_N), 'centre_std': slice(IDX_N, 2 * IDX_N), 'centre_fit': slice(66, 69), 'lane_width': 69,
+          'speed': 70, 'speed_conf': 71, 'lead_found': 72, 'lead_x': 73, 'lead_y': 74, 'lead_v_rel': 75, 'lead_v_rel_std': 76,
+          'lines_found': 77, 'wide_brightness': 78}
+HIDDEN_USED = 79
+
+def _rows() -> tuple[Tensor, Tensor]:
+  """Distance x (m) and pixels per metre of lateral offset for every used row."""
+  v = Tensor.arange(V0, MODEL_HEIGHT).float()
+  return CAM_HEIGHT * FL / (v - CY), (v - CY) / CAM_HEIGHT
+
+def _row(x: float) -> int: return int(round(CY + FL * CAM_HEIGHT / x)) - V0   # index of the row at distance x
+
+def y_plane(img: Tensor, frame: int) -> Tensor:
+  """The (256, 512) float Y plane of frame 0 (older) or 1 (newest) of a (1, 12, 128, 256) packed input, rows >= V0."""
+  ch = img[0, 6 * frame:6 * frame + 4].cast(dtypes.float32)          # Y[a::2, b::2] is channel a + 2b
+  return ch.reshape(2, 2, MODEL_HEIGHT // 2, MODEL_WIDTH // 2).permute(2, 1, 3, 0).reshape(MODEL_HEIGHT, MODEL_WIDTH)[V0:]
+
+RIDGE_SCALES = ((2, 2), (5, 4), (12, 8))   # (gap, window) px: paint is ~1 px wide far away and ~20 px at 6 m
+PAD = 20
+
+def ridge(Y: Tensor) -> Tensor:
+  """How much brighter each pixel is than the means of both of its horizontal neighbourhoods (best of three widths).
+  Box sums of 2, 4, 8 px build on each other; the border is padded bright so it never looks like paint."""
+  box = {1: Y.pad((None, (PAD, PAD)), value=255.0)}
+  for w in (2, 4, 8): box[w] = (box[w // 2][:, :-(w // 2)] + box[w // 2][:, w // 2:]).contiguous()
+  def mean(a: int, w: int) -> Tensor: return box[w][:, PAD + a:PAD + a + MODEL_WIDTH] / w   # mean of Y[u+a .. u+a+w-1]
+  return Tensor.stack(*[Y - mean(-g - w + 1, w).maximum(mean(g, w)) for g, w in RIDGE_SCALES]).max(0)
+
+def paint_weight(Y: Tensor) -> Tensor:
+  """Per-pixel paint evidence >= 0: ridge above a threshold set by the strongest paint in the near rows."""
+  E = ridge(Y)
+  thr = (E[_row(25.0):].max() * 0.35).maximum(12.0)
+  return (E - thr).relu()
+
+def _solve3(A: list[list[Tensor]], b: list[Tensor]) -> list[Tensor]:
+  """Cramer's rule for a batch of symmetric 3x3 systems (entries are same-shaped tensors)."""
+  def det(m): return (m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1]) - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
+                      + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0]))
+  d = det(A)
+  return [det([[b[r] if c == k else A[r][c] for c in range(3)] for r in range(3)]) / d for k in range(3)]
+
+def fit(y: Tensor, q: Tensor, xs: Tensor, quadratic: bool) -> Tensor:
+  """Weighted least squares y ~ a + b*s + c*s^2 (s = x/XS) per line; y, q (L, R); returns coefficients (L, 3).
+  A weak ridge on b and c keeps the systems solvable when a line has few rows."""
+  s = xs / XS
+  S = [(q * s ** k).sum(-1) for k in range(5)]
+  T = [(q * y * s ** k).sum(-1) for k in range(3)]
+  lam = 1e-3
+  if quadratic: A, b = [[S[0] + 1e-3, S[1], S[2]], [S[1], S[2] + lam, S[3]], [S[2], S[3], S[4] + lam]], T
+  else: A, b = [[S[0] + 1e-3, S[1], 0], [S[1], S[2] + lam, 0], [0, 0, 1]], [T[0], T[1], 0]
+  return Tensor.stack(*_solve3(A, b), dim=-1)
+
+def evaluate(coef: Tensor, x: Tensor) -> Tensor:
+  """(L, 3) coefficients at distances x (N,) -> (L, N)."""
+  s = x / XS
+  return coef[:, 0:1] + coef[:, 1:2] * s + coef[:, 2:3] * s * s
+
+def nearest_paint(w: Tensor, lim_u: Tensor, side: int) -> tuple[Tensor, Tensor]:
+  """Per row, the paint pixel nearest to lim_u on one side (-1 left, +1 right): (u, found). w (R, 512), lim_u (R,)."""
+  u = Tensor.arange(MODEL_WIDTH).float()
+  # paint needs two adjacent pixels: single noise pixels do not seed a line
+  p = (w > 0) & ((w.pad((None, (1, 0)))[:, :-1] > 0) | (w.pad((None, (0, 1)))[:, 1:] > 0))
+  m = p & ((u < lim_u[:, None]) if side < 0 else (u > lim_u[:, None]))
+  key = (u + 1) if side < 0 else (MODEL_WIDTH - u)
+  k = (m.float() * key).max(-1)
+  return (k - 1) if side < 0 else (MODEL_WIDTH - k), k > 0
+
+def seed(w: Tensor, xs: Tensor, ppm: Tensor, lim_y: Tensor, side: int, gap: float) -> Tensor:
+  """Linear fit (1, 3) of the line nearest to lim_y (per row) on one side, from rows 6..25 m. A row whose nearest
+  paint lies more than `gap` beyond the nearest of all rows saw the next line through a dash gap: left out."""
+  u, found = nearest_paint(w, CX + lim_y * ppm, side)
+  y = (u - CX) / ppm
+  best = (found.where(y * -side, -1e3)).max() * -side
+  ok = found & ((y - best).abs() < gap)
+  return fit(y[None], ok.float()[None], xs, quadratic=False)
+
+def window_centroids(w: Tensor, prior: Tensor, half_m: Tensor, ppm: Tensor) -> tuple[Tensor, Tensor]:
+  """Per line and row, the paint centroid within +-half_m of the prior (L, R): (y (L, R), evidence (L, R))."""
+  u = Tensor.arange(MODEL_WIDTH).float()
+  up = (CX + prior * ppm)[..., None]
+  W = w[None] * ((u - up).abs() < (half_m * ppm)[..., None]).float()
+  e = W.sum(-1)
+  return ((W * u).sum(-1) / (e + 1e-6) - CX) / ppm, e
+
+EVIDENCE_MIN = 20.0
+
+def refine(w: Tensor, coef: Tensor, xs: Tensor, ppm: Tensor, x_max: float, half: tuple[float, float]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+  """Windowed centroids around the fits, rows up to x_max, refit quadratically: (coef, y, q, evidence)."""
+  y, e = window_centroids(w, evaluate(coef, xs), half[0] + half[1] * xs, ppm)
+  q = ((e > EVIDENCE_MIN) & (xs <= x_max)[None]).float()
+  return fit(y, q, xs, quadratic=True), y, q, e
+
+def detect_lines(w: Tensor, xs: Tensor, ppm: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+  """Fits (4, 3) of left adjacent, ego left, ego right, right adjacent; per-row centroids and weights (4, R)."""
+  b = slice(_row(25.0), _row(6.0))
+  wb, xb, pb = w[b], xs[b], ppm[b]
+  zero = xb * 0
+  ego = Tensor.cat(seed(wb, xb, pb, zero, -1, 1.5), seed(wb, xb, pb, zero, 1, 1.5))
+  ego = refine(w, ego, xs, ppm, 35.0, (0.5, 0.015))[0]
+  ego = refine(w, ego, xs, ppm, 60.0, (0.4, 0.008))[0]
+  egob = evaluate(ego, xb)
+  # adjacent lines: seeded beyond the ego lines, shaped like them (lanes are parallel), shifted to the seed at 12 m
+  x12 = Tensor.full((1,), 12.0)
+  shift = lambda s, e: e + (evaluate(s, x12) - evaluate(e, x12)).pad((None, (0, 2)))
+  adj_l = shift(seed(wb, xb, pb, egob[0] - 1.0, -1, 1.5), ego[0:1])
+  adj_r = shift(seed(wb, xb, pb, egob[1] + 1.0, 1, 1.5), ego[1:2])
+  coef = Tensor.cat(adj_l, ego, adj_r)
+  coef = refine(w, coef, xs, ppm, 100.0, (0.4, 0.005))[0]
+  coef, y, q, _ = refine(w, coef, xs, ppm, 1e3, (0.3, 0.003))
+  return coef, y, q
+
+def line_stats(coef: Tensor, y: Tensor, q: Tensor, xs: Tensor, X: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+  """Per line: means at X (X_IDXS) (L, 33), stds (L, 33), presence logit (L,)."""
+  mean = evaluate(coef, X)
+  n = q.sum(-1)
+  resid = ((q * (y - evaluate(coef, xs)) ** 2).sum(-1) / (n + 1)).sqrt()
+  x_far = (q * xs).max(-1)
+  x_near = (q * (1e3 - xs)).max(-1) * -1 + 1e3
+  beyond = (X[None] - x_far[:, None]).relu()
+  before = (x_near[:, None] - X[None]).relu()
+  std = 0.04 + resid[:, None] + 0.002 * beyond ** 2 + 0.03 * before + (n[:, None] < 8).float() * 3.0
+  logit = ((n - 8) * 0.5).clip(-6, 6)
+  return mean, std, logit
+
+def lead(Y: Tensor, coef: Tensor, xs: Tensor, ppm: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+  """The lowest row (>= 3 rows high) whose ego-lane interior is mostly darker than the road: (found, x, y)."""
+  u = Tensor.arange(MODEL_WIDTH).float()
+  ego = evaluate(coef[1:3], xs)                                      # (2, R)
+  lo, hi = CX + (ego[0] + 0.25) * ppm, CX + (ego[1] - 0.25) * ppm
+  inside = ((u >= lo[:, None]) & (u <= hi[:, None])).float()        # (R, 512)
+  near = slice(_row(9.0), _row(6.0))
+  road = (Y[near] * inside[near]).sum() / (inside[near].sum() + 1)
+  dark = (Y < road * 0.6).float() * inside
+  want = (hi - lo).clip(1, None).minimum(1.5 * ppm)
+  row = (dark.sum(-1) / want) > 0.5                                  # (R,)
+  tall = row & row.pad((2, 0))[:-2] & row.pad((4, 0))[:-4]           # dark 2 and 4 rows higher too
+  idx = Tensor.arange(tall.shape[0]).float()
+  bottom = (tall.float() * (idx + 1)).max() - 1                      # -1: none
+  found = bottom >= 0
+  x = CAM_HEIGHT * FL / (bottom + V0 + 0.5 - CY).maximum(1.0)
+  sel = ((idx <= bottom) & (idx >= bottom - 2)).float()[:, None] * dark
+  uc = (sel * u).sum() / (sel.sum() + 1e-6)
+  return found, x, (uc - CX) * x / FL
+
+DASH_X = np.arange(6.0, 30.0, 0.25)
+DASH_SHIFTS = 41                     # 0 .. 10 m in 0.25 m steps: up to 50 m/s, below one 12 m dash period
+
+def dash_interp() -> Tensor:
+  """Constant (len(DASH_X), rows) linear interpolation from the rows' distances onto a regular x grid."""
+  xr = CAM_HEIGHT * FL / (np.arange(V0, MODEL_HEIGHT) - CY)
+  M = np.zeros((len(DASH_X), len(xr)), np.float32)
+  for i, x in enumerate(DASH_X):
+    j = int(np.searchsorted(-xr, -x))       # xr decreases with the row: xr[j-1] > x >= xr[j]
+    t = (xr[j - 1] - x) / (xr[j - 1] - xr[j])
+    M[i, j - 1], M[i, j] = 1 - t, t
+  return Tensor(M).realize()
+
+def ego_speed(e_new: Tensor, e_old: Tensor, interp: Tensor) -> tuple[Tensor, Tensor]:
+  """Speed (m/s) from the shift of the ego lines' dash pattern between the frames, and a confidence in 0..1.
+  Solid paint (no pattern to align) gives confidence 0."""
+  a, b = (((e > EVIDENCE_MIN).float() @ interp.T) for e in (e_new, e_old))   # (2, N) paint present along each ego line
+  a, b = a - a.mean(-1, keepdim=True), b - b.mean(-1, keepdim=True)
+  n = len(DASH_X) - DASH_SHIFTS + 1
+  # a dash at x in the older frame is at x - d in the newest: newest(x) ~ older(x + d)
+  bu = b.unfold(-1, n, 1)                                                    # (2, shifts, n)
+  an = a[:, None, :n]
+  corr = (an * bu).sum((0, 2)) / (((an * an).sum() * (bu * bu).sum((0, 2))).sqrt() + 1e-3)
+  k = corr.argmax()
+  c0 = corr.max()
+  ks = Tensor.arange(DASH_SHIFTS)
+  cm, cp = (corr * (ks == k - 1)).sum(), (corr * (ks == k + 1)).sum()
+  off = ((cm - cp) / (2 * (cm - 2 * c0 + cp) - 1e-6)).clip(-0.5, 0.5)
+  d = (k.float() + off) * (DASH_X[1] - DASH_X[0])
+  pattern = (a * a).mean().sqrt()                                            # ~0.4 for dashes, ~0 for solid paint
+  conf = ((c0 - 0.5) * 4).clip(0, 1) * ((pattern - 0.1) * 10).clip(0, 1)
+  return d / FRAME_DT, conf
+
+def constants() -> dict[str, Tensor]:
+  """Realized constant tensors the model closes over (lazy constants inside a cat misbehave in tinygrad 0.14)."""
+  def c(a) -> Tensor: return Tensor(np.asarray(a, np.float32)).realize()
+  desire = np.zeros((DESIRE_PRED_LEN, DESIRE_LEN)); desire[:, 0] = 1.0   # "none" somewhat more likely, nothing sure
+  return {'X': c(X_IDXS), 'lead_t': c(LEAD_T_IDXS), 'interp': dash_interp(),
+          'wide_from_device': c([0, 0, 0, *[math.log(0.05)] * 3]),
+          'road_transform': c([0] * POSE_WIDTH + [math.log(1.0)] * POSE_WIDTH),
+          'desire_pred': c(desire.ravel()), 'pose_rest': c([0] * (POSE_WIDTH - 1)), 'pose_rest_logstd': c([math.log(1.0)] * 2 + [math.log(0.1)] * 3),
+          'meta_rest': c([-3.0] * (META_LEN - 1)), 'hidden_rest': c(np.zeros(FEATURE_LEN - HIDDEN_USED)),
+          'lead_w': c([[2.0] * LEAD_MHP_SELECTION, [0.0] * LEAD_MHP_SELECTION])}
+
+def vision_fn(C: dict[str, Tensor]):
+  def fn(img: Tensor, big_img: Tensor) -> Tensor:
+    xs, ppm = _rows()
+    Yn, Yo = y_plane(img, 1), y_plane(img, 0)
+    wn, wo = paint_weight(Yn), paint_weight(Yo)
+    coef, y, q = detect_lines(wn, xs, ppm)
+    mean, std, logit = line_stats(coef, y, q, xs, C['X'])
+    # ego speed from the dash pattern along the ego lines in both frames
+    _, e_new = window_centroids(wn, evaluate(coef[1:3], xs), 0.3 + 0.003 * xs, ppm)
+    _, e_old = window_centroids(wo, evaluate(coef[1:3], xs), 0.3 + 0.003 * xs, ppm)
+    speed, speed_conf = ego_speed(e_new, e_old, C['interp'])
+    speed_std = (speed_conf > 0.3).where(1.0, 10.0)
+    # lead in both frames: relative speed from the change of distance
+    found, lx, ly = lead(Yn, coef, xs, ppm)
+    found_o, lx_o, _ = lead(Yo, coef, xs, ppm)
+    both = found & found_o
+    v_rel = both.where((lx - lx_o) / FRAME_DT, 0.0)
+    lx, ly = found.where(lx, 0.0), found.where(ly, 0.0)                # nothing found: no position, a huge std
+    x_std = found.where(0.02 * lx + lx * lx / (FL * CAM_HEIGHT), 100.0)   # 2% plus one row of quantisation
+    v_rel_std = both.where(x_std * 1.5 / FRAME_DT, 10.0)
+    lead_v = v_rel + (speed_conf > 0.3).where(speed, DEFAULT_SPEED)
+    lead_v_std = (v_rel_std ** 2 + speed_std ** 2).sqrt()
+    lead_logit = found.where(6.0, -6.0)
+
+    centre = (mean[1] + mean[2]) / 2
+    centre_std = (std[1] ** 2 + std[2] ** 2).sqrt() / 2
+    lane_width = (mean[2] - mean[1])[_X10]
+    lines_found = ((logit[1] > 0) & (logit[2] > 0)).float()
+    # road edges: SHOULDER beyond the outermost line found (no paint beyond an ego line: it is the outer line)
+    edge_l = (logit[0] > 0).where(mean[0], mean[1]) - SHOULDER
+    edge_r = (logit[3] > 0).where(mean[3], mean[2]) + SHOULDER
+    edge_std = Tensor.stack((logit[0] > 0).where(std[0], std[1]), (logit[3] > 0).where(std[3], std[2])) + 0.3
+
+    z = mean * 0 + CAM_HEIGHT
+    lane_lines = Tensor.cat(Tensor.stack(mean, z, dim=-1).flatten(), Tensor.stack(std, std * 0 + 0.2, dim=-1).log().flatten())
+    road_edges = Tensor.cat(Tensor.stack(Tensor.stack(edge_l, edge_r), z[:2], dim=-1).flatten(),
+                            Tensor.stack(edge_std, edge_std * 0 + 0.2, dim=-1).log().flatten())
+    lane_lines_prob = Tensor.stack(-logit, logit, dim=-1).flatten()
+
+    # lead trajectory at LEAD_T_IDXS: constant relative speed; stds grow with time
+    t = C['lead_t']
+    traj = Tensor.stack((lx + v_rel * t).relu(), ly + t * 0, lead_v + t * 0, t * 0, dim=-1)           # (6, 4) x, y, v, a
+    traj_std = Tensor.stack(x_std + v_rel_std * t, 0.3 + 0.1 * t + found.where(0.0, 3.0), lead_v_std + 0.5 * t, 1.0 + 0.2 * t, dim=-1)
+    lead_out = Tensor.cat(traj.flatten(), traj_std.log().flatten(), C['lead_w'][0], traj.flatten(), (traj_std * 2).log().flatten(), C['lead_w'][1])
+    lead_prob = lead_logit.reshape(1).expand(LEAD_MHP_SELECTION)
+
+    # pose: forward speed from the dashes; the rest (and the other transforms) are unknown to this model
+    pose = Tensor.cat(speed.reshape(1), C['pose_rest'], speed_std.log().reshape(1), C['pose_rest_logstd'])
+    meta = Tensor.cat((lines_found * 4 - 2).reshape(1), C['meta_rest'])
+
+    hidden = Tensor.cat(centre, centre_std, (coef[1] + coef[2]) / 2, lane_width.reshape(1), speed.reshape(1), speed_conf.reshape(1),
+                        found.float().reshape(1), lx.reshape(1), ly.reshape(1), v_rel.reshape(1), v_rel_std.reshape(1),
+                        lines_found.reshape(1), (big_img[0, 6:10].cast(dtypes.float32).mean() / 255).reshape(1),
+                        C['hidden_rest'])
+    heads = {'pose': pose, 'wide_from_device_euler': C['wide_from_device'], 'road_transform': C['road_transform'], 'desire_pred': C['desire_pred'],
+             'meta': meta, 'lane_lines': lane_lines, 'lane_lines_prob': lane_lines_prob, 'road_edges': road_edges, 'lead': lead_out,
+             'lead_prob': lead_prob, 'hidden_state': hidden}
+    return Tensor.cat(*[heads[k].cast(dtypes.float32).flatten() for k in VISION_OUTPUT_SIZES]).reshape(1, -1)
+  return fn
+
+
+def vision_model() -> ModelDef:
+  return ModelDef('vision', dict(VISION_INPUTS), slices_from_sizes(VISION_OUTPUT_SIZES), vision_fn(constants()), SOURCE_SHA256)
+
+PLAN_TAU = 2.0   # s: the plan returns to the lane centre with this time constant
+LC_RATE = 0.3    # m/s of lateral drift relative to the lane that reads as a lane change
+
+def policy_fn(C: dict[str, Tensor]):
+  def fn(features_buffer: Tensor, desire_pulse: Tensor, traffic_convention: Tensor) -> Tensor:
+    f = features_buffer[0]                                               # (25, 512), newest last
+    new = f[-1]
+    # speed: the dash-based estimates of the history, the newer and more confident the more weight
+    wgt = f[:, HIDDEN['speed_conf']] * C['recency']
+    speed = (wgt.sum() > 0.5).where((wgt * f[:, HIDDEN['speed']]).sum() / (wgt.sum() + 1e-6), DEFAULT_SPEED).maximum(0.0)
+    speed_std = (wgt.sum() > 0.5).where(1.0, 10.0)
+    a, b, c = new[66], new[67] / XS, new[68] / (XS * XS)                # centre y = a + b*x + c*x^2
+    lines = new[HIDDEN['lines_found']]
+    t = C['T']
+    x = speed * t
+    decay = (t * (-1 / PLAN_TAU)).exp()
+    # from the ego (y = 0 now) onto the lane centre: y(t) = centre(x(t)) - a*exp(-t/tau), times lines found
+    y = (a + b * x + c * x * x - a * decay) * lines
+    vy = ((b + 2 * c * x) * speed + a * decay / PLAN_TAU) * lines
+    ay = (2 * c * speed * speed - a * decay / PLAN_TAU ** 2) * lines
+    v = speed.maximum(1.0)
+    yaw, yaw_rate = vy / v, ay / v
+    zero = t * 0
+    mean = Tensor.stack(x, y, zero, speed + zero, vy, zero, zero, ay, zero, zero, zero, yaw, zero, zero, yaw_rate, dim=-1)   # (33, 15)
+    y_std = 0.1 + 0.03 * t * t + (1 - lines) * 3.0
+    x_std = 0.5 + speed_std * t
+    std = Tensor.stack(x_std, y_std, zero + 0.5, speed_std + 0.3 * t, 0.2 + 0.05 * t, zero + 0.5, 0.5 + 0.1 * t, 0.3 + 0.1 * t, zero + 0.5,
+                       zero + 0.05, zero + 0.05, 0.02 + 0.01 * t + (1 - lines) * 0.3, zero + 0.05, zero + 0.05, 0.01 + 0.005 * t + (1 - lines) * 0.1, dim=-1)
+    # alternative hypotheses, less likely: a lane change to either side, slower, faster
+    width = new[HIDDEN['lane_width']]
+    lc = (1 - decay) * width
+    hyps = [mean, mean + C['plan_y'] * lc[:, None] * -1, mean + C['plan_y'] * lc[:, None], mean * C['plan_slower'], mean * C['plan_faster']]
+    logits = [3.0, -2.0, -2.0, -1.0, -1.0]
+    plan = Tensor.cat(*[Tensor.cat(h.flatten(), std.log().flatten(), (std[0, :1] * 0 + w)) for h, w in zip(hyps, logits)])
+    # desire state: drift across the lane over the last 0.4 s (wrapped where the ego lane switches), plus pulses
+    d = f[-1, 66] - f[-3, 66]
+    d = (d > width / 2).where(d - width, (d < -width / 2).where(d + width, d))
+    rate = d / (2 * FRAME_DT) * f[-3, HIDDEN['lines_found']] * lines   # no lines then or now: no drift known
+    pulse = desire_pulse[0].max(0)
+    lcl, lcr = ((rate - LC_RATE) * 8).clip(-4, 4), ((-rate - LC_RATE) * 8).clip(-4, 4)
+    # none, turnLeft, turnRight, laneChangeLeft, laneChangeRight, keepLeft, keepRight (, reserved); keeping to the
+    # traffic convention's side is slightly more likely than to the other
+    desire = Tensor.stack(2.0 - lcl.relu() - lcr.relu() + zero[0], zero[0] - 4, zero[0] - 4, lcl, lcr,
+                          zero[0] - 4 + traffic_convention[0, 1] * 0.5, zero[0] - 4 + traffic_convention[0, 0] * 0.5, zero[0] - 6) + pulse * 2
+    return Tensor.cat(plan, desire).reshape(1, -1).cast(dtypes.float32)
+  return fn
+
+def policy_constants() -> dict[str, Tensor]:
+  def c(a) -> Tensor: return Tensor(np.asarray(a, np.float32)).realize()
+  from modelrt.constants import HISTORY_LEN
+  plan_y = np.zeros(PLAN_WIDTH); plan_y[1] = 1.0
+  slower, faster = np.ones(PLAN_WIDTH), np.ones(PLAN_WIDTH)
+  slower[[0, 3]], faster[[0, 3]] = 0.9, 1.1
+  return {'T': c(T_IDXS), 'recency': c(np.exp((np.arange(HISTORY_LEN) - HISTORY_LEN + 1) / 5.0)), 'plan_y': c(plan_y),
+          'plan_slower': c(slower), 'plan_faster': c(faster)}
+
+def policy_model() -> ModelDef:
+  return ModelDef('policy', dict(POLICY_INPUTS), slices_from_sizes(POLICY_OUTPUT_SIZES), policy_fn(policy_constants()), SOURCE_SHA256)
