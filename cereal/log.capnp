@@ -268,6 +268,9 @@ struct CarState {
   leftBlinker @9 :Bool;
   rightBlinker @10 :Bool;
   cruiseEnabled @11 :Bool;
+  steeringTorque @12 :Float32;    # driver torque on the wheel, > 0 turns left (lane-change nudge)
+  leftBlindspot @13 :Bool;
+  rightBlindspot @14 :Bool;
 }
 
 struct CarControl {
