@@ -1,0 +1,118 @@
+"""Process plumbing for long-running daemons under a service manager (systemd or anything speaking its protocol).
+
+- notify(): the sd_notify datagram protocol on $NOTIFY_SOCKET (a path, or '@name' for the abstract namespace):
+  READY=1 once the daemon serves, WATCHDOG=1 from the work loop, STATUS= a one-line human summary.
+- Watchdog: sends WATCHDOG=1 at half of $WATCHDOG_USEC (only if $WATCHDOG_PID is unset or names this process).
+- setup_logging(): one line per record on stderr. Under journald ($JOURNAL_STREAM set) each line starts with the
+  syslog priority '<N>' so the journal keeps the level; elsewhere with a timestamp. Values go as key=value.
+- StopFlag: SIGTERM/SIGINT set a flag the loop checks; the loop finishes its frame and cleans up.
+- Stats: counters, gauges and timings summarised every `interval` seconds at info level (and as STATUS=), so a
+  healthy daemon logs a line per interval, never one per frame.
+"""
+from __future__ import annotations
+import logging, os, signal, socket, sys, time
+from collections import defaultdict
+import numpy as np
+
+def _notify_addr() -> str | None:
+  addr = os.environ.get('NOTIFY_SOCKET')
+  if not addr: return None
+  return '\0' + addr[1:] if addr[0] == '@' else addr
+
+_notify_sock: socket.socket | None = None
+
+def notify(*fields: str) -> bool:
+  """Send 'FIELD=value' lines as one datagram to $NOTIFY_SOCKET. False if unset or the manager is gone (never raises:
+  a daemon must keep running when its supervisor restarts)."""
+  global _notify_sock
+  if (addr := _notify_addr()) is None: return False
+  try:
+    if _notify_sock is None: _notify_sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+    _notify_sock.sendto('\n'.join(fields).encode(), addr)
+    return True
+  except OSError as e:
+    logging.getLogger(__name__).debug("notify %s failed: %s", fields, e)
+    return False
+
+class Watchdog:
+  """kick() from the work loop; it sends WATCHDOG=1 at most every WATCHDOG_USEC/2. Inert without $WATCHDOG_USEC."""
+  def __init__(self):
+    usec, pid = os.environ.get('WATCHDOG_USEC'), os.environ.get('WATCHDOG_PID')
+    ok = usec is not None and usec.isdigit() and int(usec) > 0 and (pid is None or pid == str(os.getpid()))
+    self.period = int(usec) / 2e6 if ok else None
+    self.last = 0.
+
+  def kick(self) -> None:
+    if self.period is not None and (now := time.monotonic()) - self.last >= self.period:
+      self.last = now
+      notify('WATCHDOG=1')
+
+_PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}
+
+class _Formatter(logging.Formatter):
+  def __init__(self, journald: bool):
+    super().__init__()
+    self.journald = journald
+
+  def format(self, record: logging.LogRecord) -> str:
+    msg = record.getMessage()
+    if record.exc_info: msg += ' ' + self.formatException(record.exc_info).replace('\n', ' | ')
+    msg = msg.replace('\n', ' | ')   # one record, one line: journald and grep see it whole
+    head = f"<{_PRIORITY.get(record.levelno, 6)}>" if self.journald else time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(record.created)) + ' '
+    return f"{head}{record.levelname.lower()} {record.name}: {msg}"
+
+def setup_logging(level: str | int = 'INFO') -> None:
+  root = logging.getLogger()
+  for h in list(root.handlers): root.removeHandler(h)
+  h = logging.StreamHandler(sys.stderr)
+  h.setFormatter(_Formatter(journald=bool(os.environ.get('JOURNAL_STREAM'))))
+  root.addHandler(h)
+  root.setLevel(level.upper() if isinstance(level, str) else level)
+
+def set_process_title(name: str) -> None:
+  import setproctitle
+  setproctitle.setproctitle(name)
+
+class StopFlag:
+  """True once SIGTERM or SIGINT arrived. The handler only sets the flag: blocking receives in the loop time out
+  (100 ms) and the loop ends after the frame in progress."""
+  def __init__(self, signals=(signal.SIGTERM, signal.SIGINT)):
+    self.signum: int | None = None
+    for s in signals: signal.signal(s, self._handle)
+
+  def _handle(self, signum, frame) -> None: self.signum = signum
+  def __bool__(self) -> bool: return self.signum is not None
+
+class Stats:
+  """Periodic summary: `count(k)`, `gauge(k, v)`, `timing(k, seconds)`; `tick()` logs and clears every `interval` s.
+  The rate is that of the counter `rate_key`."""
+  def __init__(self, logger: logging.Logger, interval: float = 10., rate_key: str = 'frames'):
+    self.logger, self.interval, self.rate_key = logger, interval, rate_key
+    self.counts: dict[str, int] = defaultdict(int)
+    self.totals: dict[str, int] = defaultdict(int)
+    self.gauges: dict[str, float] = {}
+    self.times: dict[str, list[float]] = defaultdict(list)
+    self.t0 = time.monotonic()
+
+  def count(self, key: str, n: int = 1) -> None:
+    self.counts[key] += n
+    self.totals[key] += n
+  def gauge(self, key: str, value: float) -> None: self.gauges[key] = value
+  def timing(self, key: str, seconds: float) -> None: self.times[key].append(seconds)
+
+  def summary(self, dt: float) -> str:
+    parts = [f"rate={self.counts.get(self.rate_key, 0) / dt:.1f}Hz"] if dt > 0 else []
+    parts += [f"{k}={v}" for k, v in sorted(self.counts.items())]
+    parts += [f"{k}={v:.2f}" for k, v in sorted(self.gauges.items())]
+    parts += [f"{k}_ms_p50={np.median(v) * 1e3:.1f} {k}_ms_max={max(v) * 1e3:.1f}" for k, v in sorted(self.times.items()) if v]
+    return ' '.join(parts)
+
+  def tick(self) -> str | None:
+    if (dt := (now := time.monotonic()) - self.t0) < self.interval: return None
+    line = self.summary(dt)
+    self.logger.info("stats %s", line)
+    notify(f"STATUS={line}")
+    self.counts.clear()
+    self.times.clear()
+    self.t0 = now
+    return line
