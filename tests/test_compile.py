@@ -106,3 +106,11 @@ def test_cli_reports_onnx_errors_without_writing(tmp_path, capsys):
   p = dm_onnx(tmp_path / 'd.onnx', output_slices=None)
   assert main(['--dm-onnx', str(p), '--camera', '64x48', '--out', str(tmp_path / 'art'), '--quiet']) == 1
   assert 'no output_slices' in capsys.readouterr().err and not (tmp_path / 'art' / 'dm').exists()
+
+def test_build_leaves_no_compile_worker_processes(tmp_path, capsys):
+  import multiprocessing
+  p = dm_onnx(tmp_path / 'd.onnx')
+  with Context(PARALLEL=2):   # compile workers are spawned for the build and must be gone when it returns
+    assert main(['--dm-onnx', str(p), '--camera', '64x48', '--out', str(tmp_path / 'art'), '--quiet']) == 0
+  assert multiprocessing.active_children() == []
+  assert 'dm: built' in capsys.readouterr().out

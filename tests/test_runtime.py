@@ -62,10 +62,11 @@ def test_manifest_describes_the_build(built, road):
   assert set(m['files']) == {f for j in m['jits'].values() for f in (j['file'], j['weights'])}
   assert m['command'][:3] == ['modeld-compile', '--vision-onnx', str(built[1]['vision'].resolve())] and str(EXTRA) in m['command']
 
-def test_unchanged_build_is_skipped(built, capsys):
-  mtime = os.stat(built[0] / 'road' / 'manifest.json').st_mtime_ns
-  assert main(built[2]) == 0
-  assert 'road: up to date' in capsys.readouterr().out and os.stat(built[0] / 'road' / 'manifest.json').st_mtime_ns == mtime
+def test_unchanged_build_is_skipped(built, tmp_path, capsys):
+  shutil.copytree(built[0] / 'road', tmp_path / 'road')   # a copy: the build id, not the path, says what is up to date
+  mtime = os.stat(tmp_path / 'road' / 'manifest.json').st_mtime_ns
+  assert main(built[2][:-3] + ['--out', str(tmp_path), '--quiet']) == 0
+  assert 'road: up to date' in capsys.readouterr().out and os.stat(tmp_path / 'road' / 'manifest.json').st_mtime_ns == mtime
 
 @pytest.fixture
 def copy(built, tmp_path):
@@ -270,3 +271,8 @@ def test_dm_runner(built):
   np.testing.assert_array_equal(r.run(x, np.zeros(3), T)['raw'], held)
   np.testing.assert_array_equal(out['raw'], held)
   with pytest.raises(CameraLayoutError): r.run(CamBuf(EXTRA, stream=1), np.zeros(3), T)
+
+def test_loaded_jit_is_not_linked_before_its_first_replay(road):
+  # REFERENCE §1: `linear` is cached from `_linear` on first use; a caller that re-lowers `_linear` can still do so
+  g = road.load_jit('policy')
+  assert 'linear' not in g.jit.captured.__dict__ and g.jit.fxn is None and g.jit.cnt == 2
