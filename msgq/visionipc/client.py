@@ -3,7 +3,7 @@ import logging, os, time
 from msgq.pubsub import IpcError, sub_sock
 from msgq.visionipc.buffers import Ring, VisionBuf
 from msgq.visionipc.layout import NV12Layout
-from msgq.visionipc.wire import FRAME, MAGIC, OP_BUFFERS, OP_STREAMS, check_name, check_stream, endpoint, request
+from msgq.visionipc.wire import FRAME, MAGIC, MAX_PACKET, OP_BUFFERS, OP_STREAMS, check_name, check_stream, endpoint, request
 
 log = logging.getLogger("msgq.visionipc")
 
@@ -30,7 +30,7 @@ class VisionIpcClient:
     """Map the stream's buffers. Blocking waits for the server to come up; False if it does not serve the stream."""
     if self.is_connected(): return True
     if self._sock is None:   # subscribe before the handshake: no frame published after it is missed
-      self._sock = sub_sock(endpoint(self.name, self.stream), conflate=self.conflate, max_size=4096)
+      self._sock = sub_sock(endpoint(self.name, self.stream), conflate=self.conflate, max_size=MAX_PACKET)
     while True:
       try:
         reply, fds = request(self.name, OP_BUFFERS, self.stream)

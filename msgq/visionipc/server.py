@@ -4,7 +4,7 @@ import numpy as np
 from msgq.pubsub import IpcError, pub_sock
 from msgq.visionipc.buffers import Ring, VisionBuf
 from msgq.visionipc.layout import NV12Layout
-from msgq.visionipc.wire import (FRAME, MAGIC, OP_BUFFERS, OP_STREAMS, REQUEST, TRAILER_SPAN, VERSION, align, check_name,
+from msgq.visionipc.wire import (FRAME, MAGIC, MAX_PACKET, OP_BUFFERS, OP_STREAMS, REQUEST, TRAILER_SPAN, VERSION, align, check_name,
                                  check_stream, endpoint, socket_path)
 
 MAX_BUFFERS = 1024
@@ -40,7 +40,7 @@ class VisionIpcServer:
       os.ftruncate(fd, slot * count)
       fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)   # no client can SIGBUS us
       ring = Ring(fd, layout, [i * slot for i in range(count)], align(size), writable=True)
-      self._streams[stream] = _Stream(fd, ring, pub_sock(endpoint(self.name, stream), max_size=FRAME.size))
+      self._streams[stream] = _Stream(fd, ring, pub_sock(endpoint(self.name, stream), max_size=MAX_PACKET))
     except BaseException:
       os.close(fd)
       raise

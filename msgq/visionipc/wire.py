@@ -16,6 +16,7 @@ REQUEST = struct.Struct("<4sBcB")          # magic, version, op, stream
 OP_BUFFERS, OP_STREAMS = b"B", b"S"
 FRAME = struct.Struct("<4sQQQQQI?")        # magic, server_id, seq, frame_id, timestamp_sof, timestamp_eof, idx, valid
 TRAILER = struct.Struct("<QQ")             # seq, frame_id
+MAX_PACKET = 256                           # max_size of the frame topics: room for later fields, a bound on junk
 MAX_REPLY = 1 << 16
 
 def align(x: int, a: int = ALIGN) -> int: return (x + a - 1) // a * a
