@@ -1,0 +1,53 @@
+"""Camera frame sync and dropped-frame accounting, exactly as openpilot's modeld (REFERENCE §3).
+
+Sync: receive main frames until main.sof >= extra.sof + 25 ms (at least one new main frame), then extra frames
+until main.sof < extra.sof + 25 ms; more than 10 ms apart is out of sync. One camera: extra is main.
+Drops: dropped = max(0, frame_id - last_frame_id - 1); a first-order filter (10 s, step 1/20 s) of min(dropped, 10),
+held at 0 for the first 10 runs, gives f; frameDropPerc = 100 f / (1 + f). A frame after any drop is prepare-only.
+"""
+from __future__ import annotations
+from typing import Callable, Protocol
+
+SYNC_AHEAD_NS = 25_000_000
+OUT_OF_SYNC_NS = 10_000_000
+DROP_FILTER_RC, DROP_FILTER_DT, DROP_MAX, DROP_WARMUP_RUNS = 10., 1 / 20, 10, 10
+
+class Frame(Protocol):
+  frame_id: int
+  timestamp_sof: int
+
+class FrameSync:
+  """next() -> (main, extra, out_of_sync) or None when a receive timed out (nothing to run this time).
+  recv_*: () -> frame | None (a VisionIpcClient's recv with its timeout)."""
+  def __init__(self, recv_main: Callable[[], Frame | None], recv_extra: Callable[[], Frame | None] | None):
+    self.recv_main, self.recv_extra = recv_main, recv_extra
+    self.main_sof = self.extra_sof = 0
+
+  def next(self) -> tuple[Frame, Frame, bool] | None:
+    main = None
+    while main is None or self.main_sof < self.extra_sof + SYNC_AHEAD_NS:
+      if (main := self.recv_main()) is None: return None
+      self.main_sof = main.timestamp_sof
+    if self.recv_extra is None:
+      self.extra_sof = main.timestamp_sof
+      return main, main, False
+    while True:
+      if (extra := self.recv_extra()) is None: return None
+      self.extra_sof = extra.timestamp_sof
+      if self.main_sof < self.extra_sof + SYNC_AHEAD_NS: break
+    return main, extra, abs(self.main_sof - self.extra_sof) > OUT_OF_SYNC_NS
+
+class FrameDrops:
+  """update(frame_id) -> frames dropped before this one; frame_drop_perc is the filtered percentage."""
+  def __init__(self):
+    self.last_frame_id, self.runs, self.x, self.frame_drop_perc = 0, 0, 0., 0.
+    self.alpha = DROP_FILTER_DT / (DROP_FILTER_RC + DROP_FILTER_DT)
+
+  def update(self, frame_id: int) -> int:
+    dropped = max(0, frame_id - self.last_frame_id - 1)
+    self.x = (1 - self.alpha) * self.x + self.alpha * min(dropped, DROP_MAX)
+    if self.runs < DROP_WARMUP_RUNS: self.x = 0.   # the first frames after a (re)start: no drop history yet
+    self.runs += 1
+    self.last_frame_id = frame_id
+    self.frame_drop_perc = 100 * self.x / (1 + self.x)
+    return dropped
