@@ -16,3 +16,10 @@ bench: setup
 
 clean:
 	rm -rf .venv build *.egg-info
+
+# systemd units of camerad, modeld, dmonitoringd + modeld.target (systemd/README.md). DESTDIR=dir stages the files
+# under dir (no daemon-reload); SERVICE_USER=name runs the services as that existing user instead of root.
+UNITDIR ?= /etc/systemd/system
+ENVFILE ?= /etc/default/modeld
+install-services: setup
+	$(PY) systemd/install.py --bindir "$(CURDIR)/.venv/bin" --unitdir "$(UNITDIR)" --envfile "$(ENVFILE)" --destdir "$(DESTDIR)" --user "$(SERVICE_USER)"
