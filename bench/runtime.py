@@ -34,15 +34,23 @@ def main() -> None:
     build_family(d / 'art', 'road', {k: load_onnx(p, k) for k, p in onnx.items()}, [layout], progress=False)
     print(f"build road artifact ({layout}): {time.perf_counter() - t:.1f} s")
 
-    # peak memory of a load, in a fresh process: reset the RSS high-water mark (Linux clear_refs 5) after the device start
-    code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from tinygrad import Device; Device[Device.DEFAULT]; "
-            f"from modelrt.artifact import load_artifact; import modelrt.runner; "
-            f"kb = lambda k: int(next(l.split()[1] for l in open('/proc/self/status') if l.startswith(k))); "
-            f"open('/proc/self/clear_refs', 'w').write('5'); r0 = kb('VmRSS:'); "
-            f"a = load_artifact({str(d / 'art')!r}, 'road'); print((kb('VmHWM:') - r0) / 1024, (kb('VmRSS:') - r0) / 1024)")
-    peak, kept = map(float, subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True).stdout.split())
+    # peak memory of a load, in a fresh process: reset the RSS high-water mark (Linux clear_refs 5) after the device start.
+    # Baseline: the same two JITs as one plain in-band pickle (tinygrad's own format), loaded with pickle.load.
+    import pickle
+    a = load_artifact(d / 'art', 'road')
+    (d / 'plain.pkl').write_bytes(pickle.dumps([a.models[k].jit for k in ('vision', 'policy')], protocol=5))
+    del a
+    def peak(load: str) -> tuple[float, float]:
+      code = (f"import sys, pickle; sys.path.insert(0, {str(REPO)!r}); from tinygrad import Device; Device[Device.DEFAULT]; "
+              f"from modelrt.artifact import load_artifact; import modelrt.runner; "
+              f"kb = lambda k: int(next(l.split()[1] for l in open('/proc/self/status') if l.startswith(k))); "
+              f"open('/proc/self/clear_refs', 'w').write('5'); r0 = kb('VmRSS:'); "
+              f"a = {load}; print((kb('VmHWM:') - r0) / 1024, (kb('VmRSS:') - r0) / 1024)")
+      return tuple(map(float, subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True).stdout.split()))
+    (ours, kept), (plain, _) = peak(f"load_artifact({str(d / 'art')!r}, 'road')"), peak(f"pickle.load(open({str(d / 'plain.pkl')!r}, 'rb'))")
     model_mb = sum((d / 'art' / 'road' / f'{k}.bin').stat().st_size for k in ('vision', 'policy')) / 2**20
-    print(f"loading vision + policy ({model_mb:.1f} MB of pickled buffers): RSS +{kept:.1f} MB after, peak +{peak:.1f} MB")
+    print(f"loading vision + policy ({model_mb:.1f} MB of buffers): RSS +{kept:.1f} MB after, peak +{ours:.1f} MB; "
+          f"plain pickle.load peak +{plain:.1f} MB; ratio {ours / plain:.2f}")
 
     t = time.perf_counter()
     runner = RoadRunner(load_artifact(d / 'art', 'road'), layout, None)

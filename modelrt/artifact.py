@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses, hashlib, importlib.metadata, io, json, os, pathlib, pickle, platform, shlex, shutil
 from typing import Any
 from tinygrad import Device
+from tinygrad.device import Buffer
 from tinygrad.uop.ops import UOp, Ops, ParamArg
 from modelrt.guard import GuardedJit, TensorSpec
 
@@ -76,43 +77,63 @@ def save_jit(jit, out_dir: pathlib.Path, name: str) -> dict[str, Any]:
 
 # ***** loading *****
 
+class _Pending(bytearray):
+  """Stands in for a buffer's contents in the pickle stream; the bytes come from NAME.bin when the Buffer is made."""
+
 class _Unpickler(pickle.Unpickler):
-  """tinygrad 0.14 identifies a buffer by (slot number, size, dtype, device), slot numbers counting from 0 in every
-  process, and dedups identical UOps: unpickled as is, a weight buffer and a tensor the loading process made (or the
-  same pickle loaded twice) can become one buffer. Every BUFFER gets a fresh slot from this process's counter."""
-  def __init__(self, data: bytes, buffers):
-    super().__init__(io.BytesIO(data), buffers=buffers)
+  """Two fixes to a plain pickle.load of a captured JIT:
+  - tinygrad 0.14 identifies a buffer by (slot number, size, dtype, device), slot numbers counting from 0 in every
+    process, and dedups identical UOps: unpickled as is, a weight buffer and a tensor the loading process made (or
+    the same pickle loaded twice) become one buffer. Every BUFFER gets a fresh slot from this process's counter.
+  - Buffer contents are read from the weights file straight into the allocated buffer (host-visible memory) or via
+    one bytearray, instead of tinygrad's bytes -> bytearray -> buffer copies."""
+  def __init__(self, data: bytes, n_buffers: int, fill):
+    super().__init__(io.BytesIO(data), buffers=(_Pending() for _ in range(n_buffers)))
     self.slots: dict[int, int] = {}
+    self.fill = fill
   def find_class(self, module, name):
-    return self._uop if (module, name) == ('tinygrad.uop.ops', 'UOp') else super().find_class(module, name)
+    if (module, name) == ('tinygrad.uop.ops', 'UOp'): return self._uop
+    if (module, name) == ('tinygrad.device', 'Buffer'): return self._buffer
+    return super().find_class(module, name)
   def _uop(self, op, dtype=None, src=(), arg=None, tag=None, metadata=None, _buffer=None):
     if op is Ops.BUFFER and isinstance(arg, ParamArg):
       arg = dataclasses.replace(arg, slot=self.slots.setdefault(arg.slot, next(UOp.unique_num)))
     return UOp(op, dtype, src, arg, tag, metadata, _buffer)
+  def _buffer(self, device, size, dtype, opaque=None, options=None, initial_value=None, *rest):
+    if not isinstance(initial_value.obj if isinstance(initial_value, memoryview) else initial_value, _Pending):
+      return Buffer(device, size, dtype, opaque, options, initial_value, *rest)
+    buf = Buffer(device, size, dtype, None, options, None, *rest).allocate()
+    self.fill(buf)
+    return buf
 
 def _load_verified(d: pathlib.Path, entry: dict, files: dict[str, str], rebuild: str):
-  """Unpickle NAME.pkl from the very bytes whose sha256 was checked. The buffer contents stream from NAME.bin one at a
-  time, hashed as they are read (the load fails if the digest is wrong): peak memory stays near one copy of the
-  weights, plus the largest buffer twice in flight."""
+  """Unpickle NAME.pkl from the very bytes whose sha256 was checked; buffer contents stream from NAME.bin into the
+  buffers, hashed as they are read, and the load fails unless the whole file's digest matches. Peak memory: the
+  weights once (plus the largest buffer once more for a device that is not host-visible)."""
   def bad(msg): return ArtifactError(f"{d}: {msg}. Rebuild with: {rebuild}")
   try: data = (d / entry['file']).read_bytes()
   except OSError as e: raise bad(f"cannot read {entry['file']} ({e.strerror})") from None
   if hashlib.sha256(data).hexdigest() != files.get(entry['file']): raise bad(f"{entry['file']} does not match its sha256 in the manifest")
   try: f = open(d / entry['weights'], 'rb')
   except OSError as e: raise bad(f"cannot read {entry['weights']} ({e.strerror})") from None
-  h = hashlib.sha256()
-  def read(n: int) -> bytes:
-    if len(b := f.read(n)) != n: raise bad(f"{entry['weights']} is shorter than its buffer table (truncated)")
-    h.update(b)
-    return b
-  def chunks():
-    pos = 0
-    for off, n in entry['buffers']:
-      read(off - pos)
-      yield read(n)
-      pos = off + n
+  h, spans, pos = hashlib.sha256(), iter(entry['buffers']), 0
+  def read_into(mv: memoryview) -> None:
+    if f.readinto(mv) != mv.nbytes: raise bad(f"{entry['weights']} is shorter than its buffer table (truncated)")
+    h.update(mv)
+  def fill(buf: Buffer) -> None:
+    nonlocal pos
+    off, n = next(spans, (None, None))
+    if n != buf.nbytes: raise bad(f"{entry['weights']}: buffer table does not match {entry['file']}")
+    read_into(memoryview(bytearray(off - pos)))
+    try: host = buf.as_memoryview(force_zero_copy=True)   # CPU (and host-mapped) memory: read straight into it
+    except Exception: host = None                         # e.g. GPU memory without a CPU view
+    if host is not None: read_into(host)
+    else:
+      read_into(mv := memoryview(bytearray(n)))
+      buf.copy_from(Buffer('PYTHON', buf.size, buf.dtype, opaque=mv))
+    pos = off + n
   with f:
-    try: jit = _Unpickler(data, chunks()).load()
+    try: jit = _Unpickler(data, len(entry['buffers']), fill).load()
     except ArtifactError: raise
     except Exception as e: raise bad(f"{entry['file']} is not a loadable pickle (truncated or corrupt: {type(e).__name__}: {e})") from None
     while chunk := f.read(1 << 20): h.update(chunk)
