@@ -106,6 +106,11 @@ class _Unpickler(pickle.Unpickler):
     self.fill(buf)
     return buf
 
+def _host_view(buf: Buffer) -> memoryview | None:
+  """A writable view of the buffer's memory if the CPU can see it (CPU device), else None (e.g. GPU memory)."""
+  try: return buf.as_memoryview(force_zero_copy=True)
+  except Exception: return None
+
 def _load_verified(d: pathlib.Path, entry: dict, files: dict[str, str], rebuild: str):
   """Unpickle NAME.pkl from the very bytes whose sha256 was checked; buffer contents stream from NAME.bin into the
   buffers, hashed as they are read, and the load fails unless the whole file's digest matches. Peak memory: the
@@ -125,9 +130,7 @@ def _load_verified(d: pathlib.Path, entry: dict, files: dict[str, str], rebuild:
     off, n = next(spans, (None, None))
     if n != buf.nbytes: raise bad(f"{entry['weights']}: buffer table does not match {entry['file']}")
     read_into(memoryview(bytearray(off - pos)))
-    try: host = buf.as_memoryview(force_zero_copy=True)   # CPU (and host-mapped) memory: read straight into it
-    except Exception: host = None                         # e.g. GPU memory without a CPU view
-    if host is not None: read_into(host)
+    if (host := _host_view(buf)) is not None: read_into(host)
     else:
       read_into(mv := memoryview(bytearray(n)))
       buf.copy_from(Buffer('PYTHON', buf.size, buf.dtype, opaque=mv))

@@ -276,3 +276,12 @@ def test_loaded_jit_is_not_linked_before_its_first_replay(road):
   # REFERENCE §1: `linear` is cached from `_linear` on first use; a caller that re-lowers `_linear` can still do so
   g = road.load_jit('policy')
   assert 'linear' not in g.jit.captured.__dict__ and g.jit.fxn is None and g.jit.cnt == 2
+
+def test_weights_load_without_a_host_view(road, monkeypatch):
+  # GPU memory has no CPU view: the loader then reads each buffer into a bytearray and copies it in
+  import modelrt.artifact
+  from modelrt.runner import host_tensor
+  feeds = {k: host_tensor(np.random.default_rng(1).standard_normal(s.shape).astype(np.float32)) for k, s in road.models['policy'].inputs.items()}
+  want = road.models['policy'](**feeds)
+  monkeypatch.setattr(modelrt.artifact, '_host_view', lambda buf: None)
+  np.testing.assert_array_equal(road.load_jit('policy')(**feeds), want)
