@@ -1,0 +1,4 @@
+import sys
+from camerad.main import main
+
+sys.exit(main())

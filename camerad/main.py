@@ -1,0 +1,243 @@
+"""camerad: serves camera frames into VisionIPC with their camera-state messages.
+
+Each frame is written straight into a free shared buffer (zero-copy producer path), published on its stream, and
+described by a camera-state message (roadCameraState, wideRoadCameraState, driverCameraState) with the same frame
+id and SOF/EOF timestamps (monotonic ns). All streams of one tick share the frame id and timestamps.
+"""
+from __future__ import annotations
+import argparse, logging, sys, time
+from common.service import Stats, StopFlag, Watchdog, notify, set_process_title, setup_logging
+from cereal import messaging
+from cereal.services import CAMERA_STATE_SERVICES, SERVICES
+from msgq import IpcError
+from msgq.visionipc import DRIVER, NV12Layout, VisionIpcServer
+from camerad.sources import CAMERA_OF, STREAMS, Source, SourceError, Tick, open_source
+
+log = logging.getLogger("camerad")
+SENSORS = set(messaging.log.ImageSensor.schema.enumerants)
+BEHIND_RESET_S = 0.5   # real-time pacing that falls this far behind starts counting from now again
+
+EPILOG = """sources (--source, repeatable for video files):
+  synthetic:SCENE        a scene file or a shipped scene name (straight, curve, lead_braking, lane_change,
+                         driver_distracted, driver_blinking): every camera of the scene, plus liveCalibration and
+                         carState from the scene
+  [CAM=]FILE             a video file (H.264/HEVC in mp4/mkv/ts, raw .h264/.hevc, anything FFmpeg decodes) for camera
+                         CAM: road (the default), wide or driver; one file per camera, e.g.
+                         --source road=front.mp4 --source wide=wide.mkv --source driver=cabin.ts
+  [CAM=]/dev/videoN      a V4L2 device (webcam), paced by the device
+  LOG                    a route folder, segment folder or rlog.zst written by modeld-record: replays its messages
+                         and, where the cameras were recorded as video, their frames
+
+pacing: real time at the source's rate by default; --fps F for a fixed rate; --lockstep sends a frame only once the
+daemons published their outputs for the previous one (deterministic, nothing lost however slow the machine).
+
+examples:
+  camerad --source synthetic:straight --frames 100
+  camerad --source synthetic:lead_braking --lockstep --layout aligned
+  camerad --source road=drive.mp4 --loop --fps 20
+  camerad --source routes/2026-11-30--04-00-00
+"""
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+  ap = argparse.ArgumentParser(prog="camerad", description="Serve camera frames into VisionIPC with their camera-state messages.",
+                               epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--source", action="append", required=True, metavar="SPEC", help="what to serve (see sources below)")
+  ap.add_argument("--name", default="camerad", help="VisionIPC server name (default: camerad)")
+  ap.add_argument("--cameras", metavar="LIST", help="synthetic only: comma-separated subset of road,wide,driver to serve")
+  ap.add_argument("--services", metavar="LIST", help="LOG only: comma-separated services to republish "
+                  "(default: every recorded one except the daemons' outputs)")
+  pace = ap.add_mutually_exclusive_group()
+  pace.add_argument("--fps", type=float, help="serve at this fixed rate instead of the source's")
+  pace.add_argument("--lockstep", action="store_true", help="send each frame after the daemons answered the previous one")
+  ap.add_argument("--lockstep-services", metavar="LIST", help="outputs to wait for (default: modelV2 when road or wide "
+                  "is served, driverStateV2 when driver is)")
+  ap.add_argument("--lockstep-timeout", type=float, default=30.0, metavar="S",
+                  help="seconds to wait for a client of each stream and for each frame's outputs; then exit 1 (default: 30)")
+  ap.add_argument("--loop", action="store_true", help="start over at the end (frame ids keep increasing)")
+  ap.add_argument("--start", type=int, default=0, metavar="N", help="first frame of the source (default: 0)")
+  ap.add_argument("--frames", type=int, metavar="N", help="stop after serving N frames")
+  ap.add_argument("--layout", action="append", default=[], metavar="SPEC",
+                  help="buffer layout: packed (default), aligned (stride to 128, rows padded like real camera buffers) or "
+                       "WxH:stride:uv_offset:size for the streams of that size; repeat for several sizes")
+  ap.add_argument("--buffers", type=int, default=8, metavar="N", help="buffers per stream (default: 8)")
+  ap.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default: INFO)")
+  args = ap.parse_args(argv)
+  if args.fps is not None and not 0 < args.fps <= 1000: ap.error(f"--fps: expected 0 < F <= 1000, got {args.fps}")
+  if args.start < 0: ap.error(f"--start: expected >= 0, got {args.start}")
+  if args.frames is not None and args.frames < 1: ap.error(f"--frames: expected >= 1, got {args.frames}")
+  if args.lockstep_timeout <= 0: ap.error(f"--lockstep-timeout: expected > 0, got {args.lockstep_timeout}")
+  for name, value in (("--cameras", args.cameras), ("--services", args.services), ("--lockstep-services", args.lockstep_services)):
+    setattr(args, name[2:].replace("-", "_"), value.split(",") if value else None)
+  if args.cameras and (bad := set(args.cameras) - set(STREAMS)): ap.error(f"--cameras: expected road, wide, driver; got {sorted(bad)}")
+  for lst, opt in ((args.services, "--services"), (args.lockstep_services, "--lockstep-services")):
+    if lst and (bad := set(lst) - set(SERVICES)): ap.error(f"{opt}: unknown services {sorted(bad)}; known: {', '.join(SERVICES)}")
+  try: args.layouts = parse_layouts(args.layout)
+  except ValueError as e: ap.error(str(e))
+  return args
+
+def parse_layouts(specs: list[str]) -> tuple[str, dict[tuple[int, int], NV12Layout]]:
+  """('packed' or 'aligned', {(w, h): explicit layout})."""
+  kind, explicit = "packed", {}
+  for spec in specs:
+    if spec in ("packed", "aligned"): kind = spec
+    else:
+      l = NV12Layout.parse(spec)
+      explicit[(l.width, l.height)] = l
+  return kind, explicit
+
+def stream_layout(layouts: tuple[str, dict], w: int, h: int) -> NV12Layout:
+  kind, explicit = layouts
+  if explicit and (w, h) not in explicit:
+    raise SourceError(f"--layout: no layout for a {w}x{h} stream (given for {', '.join(f'{a}x{b}' for a, b in explicit)})")
+  return explicit.get((w, h)) or (NV12Layout.aligned(w, h) if kind == "aligned" else NV12Layout.packed(w, h))
+
+class Pacer:
+  """Sleeps until each tick is due: at the source's timestamps (real time), at a fixed rate, or not at all."""
+  def __init__(self, stop: StopFlag, fps: float | None, src_fps: float, free: bool):
+    self.stop, self.fps, self.src_fps, self.free = stop, fps, src_fps, free
+    self.due = self.t = None
+    self.late = 0
+
+  def wait(self, tick: Tick) -> None:
+    if self.free: return
+    now = time.monotonic()
+    if self.fps is not None: dt = 1 / self.fps if tick.frames else 0.0
+    elif self.t is not None and tick.t >= self.t: dt = tick.t - self.t
+    else: dt = 1 / self.src_fps if tick.frames else 0.0   # first tick, or the source went back (a loop)
+    self.t = tick.t
+    self.due = now if self.due is None else self.due + dt
+    if self.due < now - BEHIND_RESET_S:
+      self.late += 1
+      self.due = now
+    while not self.stop and (left := self.due - time.monotonic()) > 0: time.sleep(min(left, 0.1))
+
+class LockstepTimeout(Exception): pass
+
+class Lockstep:
+  """Waits for the daemons' outputs (frameId == the frame just sent) before the next frame is sent."""
+  def __init__(self, services: list[str] | None, streams, timeout: float, stop: StopFlag):
+    self.explicit, self.timeout, self.stop = services, timeout, stop
+    self.socks = {s: messaging.sub_sock(s, timeout=100) for s in self.services_for(streams)}   # not conflated: no answer is missed
+    if not self.socks: raise SourceError("--lockstep: the source serves no camera stream, nothing to wait for")
+
+  def services_for(self, streams) -> list[str]:
+    """What answers a frame of these streams: modeld (road, wide) and dmonitoringd (driver), unless given."""
+    return self.explicit or (["modelV2"] if set(streams) - {DRIVER} else []) + (["driverStateV2"] if DRIVER in streams else [])
+
+  def wait_for_clients(self, server: VisionIpcServer, streams) -> None:
+    """Before the first frame: a frame sent before a daemon's client subscribed would never be answered."""
+    deadline = time.monotonic() + self.timeout
+    while not self.stop and not all(_has_reader(server, s) for s in streams):
+      if time.monotonic() > deadline:
+        missing = [CAMERA_OF[s] for s in streams if not _has_reader(server, s)]
+        raise LockstepTimeout(f"--lockstep: no VisionIPC client for {', '.join(missing)} within {self.timeout:g} s: is the daemon running?")
+      time.sleep(0.01)
+
+  def wait(self, frame_id: int, services: list[str]) -> None:
+    deadline = time.monotonic() + self.timeout
+    for svc in services:
+      while not self.stop:
+        if (dat := self.socks[svc].receive()) is not None:
+          try: ev = messaging.log_from_bytes(dat)
+          except messaging.MalformedMessageError as e:
+            log.warning("lockstep: malformed %s ignored: %s", svc, e)
+            continue
+          if getattr(ev, svc).frameId == frame_id: break
+        if time.monotonic() > deadline:
+          raise LockstepTimeout(f"--lockstep: no {svc} for frame {frame_id} within {self.timeout:g} s: is the daemon running?")
+
+  def close(self) -> None:
+    for s in self.socks.values(): s.close()
+
+def _has_reader(server: VisionIpcServer, stream: int) -> bool:
+  return server._streams[stream].pub.all_readers_updated()
+
+def camera_state(svc: str, frame_id: int, sof: int, eof: int, sensor: str, w: int, h: int, recorded=None):
+  msg = messaging.new_message(svc)
+  if recorded is not None: setattr(msg, svc, recorded)   # keep the recorded fields; this run's id and times below
+  st = getattr(msg, svc)
+  st.frameId, st.timestampSof, st.timestampEof, st.width, st.height = frame_id, sof, eof, w, h
+  st.sensor = sensor if sensor in SENSORS else "unknown"
+  st.processingTime = (time.monotonic_ns() - eof) / 1e9
+  return msg
+
+def serve(args: argparse.Namespace, source: Source, stop: StopFlag) -> int:
+  pm = lock = server = None
+  try:
+    layouts = {s: stream_layout(args.layouts, w, h) for s, (w, h) in source.streams.items()}
+    server = VisionIpcServer(args.name)
+    for s, l in layouts.items(): server.create_buffers_with_sizes(s, args.buffers, l.width, l.height, l.size, l.stride, l.uv_offset)
+    pm = messaging.PubMaster([CAMERA_STATE_SERVICES[s] for s in layouts] + list(source.services))
+    if args.lockstep: lock = Lockstep(args.lockstep_services, layouts, args.lockstep_timeout, stop)
+    server.start_listener()
+    log.info("serving %s as %r: %s", ", ".join(args.source), args.name,
+             ", ".join(f"{CAMERA_OF[s]} {l}" for s, l in layouts.items()) or "messages only")
+    notify("READY=1", f"STATUS=serving {', '.join(CAMERA_OF[s] for s in layouts)}")
+    if lock is not None: lock.wait_for_clients(server, list(layouts))
+    return run(args, source, server, pm, lock, layouts, stop)
+  finally:
+    if lock is not None: lock.close()
+    if pm is not None: pm.close()
+    if server is not None: server.close()
+    source.close()
+
+def run(args, source: Source, server: VisionIpcServer, pm, lock, layouts: dict, stop: StopFlag) -> int:
+  stats, watchdog = Stats(log, interval=10.0), Watchdog()
+  pacer = Pacer(stop, args.fps, source.fps, free=args.lockstep or source.live)
+  served, last_id, t0 = 0, None, time.monotonic()
+  done = False
+  while not done and not stop:
+    offset, any_frame = (0 if last_id is None else last_id + 1 - args.start), False
+    for tick in source.ticks(args.start):
+      if stop: break
+      pacer.wait(tick)
+      for svc, dat in tick.msgs: pm.send(svc, dat)
+      if not tick.frames: continue
+      frame_id = tick.index + offset if not args.lockstep or last_id is None else last_id + 1
+      sof, bufs = time.monotonic_ns(), {}
+      for s, fill in tick.frames.items():
+        buf = server.get_free_buffer(s)
+        try:
+          fill(buf.array, layouts[s])
+          bufs[s] = buf
+        except ValueError as e:
+          source.skipped[f"{CAMERA_OF[s]}: {e}"] += 1
+      eof = time.monotonic_ns()
+      for s, buf in bufs.items():
+        server.publish(s, buf, frame_id, sof, eof)
+        svc = CAMERA_STATE_SERVICES[s]
+        pm.send(svc, camera_state(svc, frame_id, sof, eof, source.sensor[s], buf.width, buf.height, tick.states.get(s)))
+      bufs_streams = list(bufs)
+      del buf, bufs   # no view of a shared buffer outlives its frame
+      any_frame, last_id, served = True, frame_id, served + 1
+      stats.count("frames")
+      stats.timing("fill", (eof - sof) / 1e9)
+      watchdog.kick()
+      stats.tick()
+      if lock is not None:
+        lock.wait(frame_id, lock.services_for(bufs_streams))
+      if args.frames is not None and served >= args.frames:
+        done = True
+        break
+    if not args.loop or not any_frame: break
+  dt = time.monotonic() - t0
+  skipped = sum(source.skipped.values())
+  log.info("served %d frames in %.2f s (%.1f frames/s)%s%s", served, dt, served / dt if dt > 0 else 0.0,
+           f", {pacer.late} times behind real time" if pacer.late else "", f", skipped {skipped}" if skipped else "")
+  for reason, n in source.skipped.most_common(): log.warning("skipped %d: %s", n, reason)
+  return 0
+
+def main(argv: list[str] | None = None) -> int:
+  args = parse_args(argv)
+  setup_logging(args.log_level)
+  set_process_title("camerad")
+  stop = StopFlag()
+  try:
+    source = open_source(args.source, args.cameras, args.services)
+    return serve(args, source, stop)
+  except (SourceError, LockstepTimeout, IpcError) as e:
+    log.error("%s", e)
+    return 1
+
+if __name__ == "__main__":
+  sys.exit(main())
