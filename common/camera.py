@@ -1,0 +1,29 @@
+"""Camera-client start-up both daemons share: wait for the camera server's streams, connect, while staying stoppable."""
+from __future__ import annotations
+import logging, time
+from typing import Callable
+
+log = logging.getLogger(__name__)
+POLL_S = 0.1   # openpilot polls available streams every 0.1 s
+
+def wait_for_streams(server: str, stop, tick: Callable[[], None]) -> set[int] | None:
+  """The streams `server` serves, polled every POLL_S until it has some; None if stop was set meanwhile."""
+  from msgq.visionipc import VisionIpcClient
+  logged = False
+  while not stop:
+    if streams := VisionIpcClient.available_streams(server, False): return streams
+    if not logged: log.info("waiting for camera server %r", server)
+    logged = True
+    tick()
+    time.sleep(POLL_S)
+  return None
+
+def connect(clients: list, stop, tick: Callable[[], None], timeout: float = 10.) -> bool:
+  """Connect every client (non-blocking tries every POLL_S). False if stopped, or a stream vanished for `timeout` s."""
+  t0 = time.monotonic()
+  for c in clients:
+    while not c.connect(False):
+      if stop or time.monotonic() - t0 > timeout: return False
+      tick()
+      time.sleep(POLL_S)
+  return True

@@ -1,0 +1,4 @@
+import sys
+from modeld.main import main
+
+sys.exit(main())

@@ -1,0 +1,47 @@
+"""Model inputs from the car's messages that both daemons share: the checked calibration and the camera geometry."""
+from __future__ import annotations
+import logging
+import numpy as np
+from modelrt.geometry import CameraConfig, camera_config, SENSORS
+
+log = logging.getLogger(__name__)
+DEFAULT_SENSOR = 'ar0231'
+MAX_CALIB_ANGLE = np.pi / 2   # rad: beyond this a "calibration" is a broken producer, not a mounted camera
+
+class CalibrationError(ValueError): pass
+
+def check_rpy(rpy) -> np.ndarray:
+  a = np.asarray(list(rpy), np.float64)
+  if a.shape != (3,) or not np.all(np.isfinite(a)) or np.any(np.abs(a) > MAX_CALIB_ANGLE):
+    raise CalibrationError(f"liveCalibration.rpyCalib: expected 3 finite angles within +-{MAX_CALIB_ANGLE:.2f} rad, got {a.tolist()}")
+  return a
+
+class Calibration:
+  """The last good rpyCalib. `valid` (what the outputs' valid flag needs): a good calibration arrived and the newest
+  calibration message was good. A bad one keeps the last good angles but makes outputs invalid until a good one comes."""
+  def __init__(self):
+    self.rpy, self.seen, self.valid, self.errors = np.zeros(3), False, False, 0
+
+  def update(self, rpy) -> bool:
+    """Returns True when the angles changed."""
+    try: new = check_rpy(rpy)
+    except CalibrationError as e:
+      self.errors += 1
+      if self.valid or self.errors == 1: log.error("CalibrationError: %s; outputs are invalid until a good calibration arrives", e)
+      self.valid = False
+      return False
+    if not self.valid and self.errors: log.info("calibration good again: %s", new.round(4).tolist())
+    changed, self.rpy, self.seen, self.valid = not np.array_equal(new, self.rpy), new, True, True
+    return changed
+
+def sensor_name(msg_sensor: str, override: str | None) -> str:
+  """The camera sensor: the CLI override, else the camera-state message's, else DEFAULT_SENSOR."""
+  if override: return override
+  return msg_sensor if msg_sensor in SENSORS else DEFAULT_SENSOR
+
+def camera_for(sensor: str, camera: str, width: int, height: int) -> CameraConfig:
+  """The sensor's camera geometry for a stream of width x height: a stream smaller or larger than the sensor (scaled
+  output) keeps its field of view, so the focal length scales with the width."""
+  cam = camera_config(sensor, camera)
+  if (cam.width, cam.height) == (width, height): return cam
+  return CameraConfig(width, height, cam.focal_length * width / cam.width)

@@ -1,0 +1,22 @@
+"""Model artifacts for daemon tests and benchmarks, built once into .cache/artifacts (git-ignored) with modeld-compile.
+
+The build is content-addressed (sources, options, layouts, tinygrad, target): a re-run with nothing changed only
+verifies and returns. Tiny camera layouts keep the buffers small; the warps' cost does not depend on them.
+"""
+import os, pathlib, subprocess, sys
+from msgq.visionipc.layout import NV12Layout
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+CACHE = REPO / '.cache' / 'artifacts'
+LAYOUT = NV12Layout.packed(64, 48)           # road, wide road and driver streams of the tests
+ALT_LAYOUT = NV12Layout.aligned(64, 48)      # a second layout the road artifact serves (camera restart with new buffers)
+UNSERVED_LAYOUT = NV12Layout.packed(96, 64)  # a layout no artifact serves
+
+def build(out: pathlib.Path = CACHE, layouts: tuple[NV12Layout, ...] = (LAYOUT, ALT_LAYOUT), family: str | None = None) -> pathlib.Path:
+  """modeld-compile --reference for the given layouts (both families unless one is named); returns the artifact dir."""
+  cmd = [sys.executable, '-m', 'modelrt.compile', '--reference', '--quiet', '--out', str(out), *[a for l in layouts for a in ('--camera', str(l))]]
+  if family: cmd += ['--family', family]
+  env = {**os.environ, 'DEV': os.environ.get('DEV', 'CPU'), 'PARALLEL': '0'}
+  r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+  if r.returncode != 0: raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+  return out

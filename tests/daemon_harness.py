@@ -1,0 +1,135 @@
+"""Running a daemon (modeld, dmonitoringd) as a real child process against a real camera server and real sockets.
+
+The test process is the camera (a VisionIpcServer publishing frames and camera-state messages), the car (PubMaster
+for calibration, carState, ...) and the service manager (a datagram NOTIFY_SOCKET). The child's stderr is collected
+line by line so a test can wait for a log line instead of sleeping.
+"""
+import os, re, signal, socket, subprocess, sys, tempfile, threading, time
+import numpy as np
+from cereal import messaging
+from cereal.services import CAMERA_STATE_SERVICES
+from msgq.visionipc import VisionIpcServer
+from msgq.visionipc.layout import NV12Layout
+from artifacts import REPO
+
+FRAME_NS = 50_000_000   # 20 Hz
+
+class Notify:
+  """A service manager's notify socket: a real AF_UNIX datagram socket the child writes to."""
+  def __init__(self, abstract: bool = False):
+    self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    if abstract:
+      name = f"op-notify-{os.getpid()}-{time.monotonic_ns()}"
+      self.sock.bind('\0' + name)
+      self.addr = '@' + name
+    else:
+      self.dir = tempfile.TemporaryDirectory()
+      self.addr = os.path.join(self.dir.name, 'notify')
+      self.sock.bind(self.addr)
+    self.messages: list[str] = []
+
+  def wait(self, field: str, timeout: float) -> list[str]:
+    """Every datagram up to and including the first that has a line starting with `field`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+      self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+      try: msg = self.sock.recv(4096).decode()
+      except TimeoutError: break
+      self.messages.append(msg)
+      if any(l.startswith(field) for l in msg.splitlines()): return self.messages
+    raise TimeoutError(f"no {field} on the notify socket within {timeout} s; got {self.messages}")
+
+  def close(self) -> None: self.sock.close()
+
+class Daemon:
+  """The daemon as a child process (python -m NAME) with its stderr collected."""
+  def __init__(self, module: str, artifacts, *args: str, notify: Notify | None = None, env: dict | None = None):
+    env = {**os.environ, 'DEV': 'CPU', 'PARALLEL': '0', **(env or {})}
+    if notify is not None: env['NOTIFY_SOCKET'] = notify.addr
+    self.cmd = [sys.executable, '-m', module, '--artifacts', str(artifacts), '--log-level', 'DEBUG', *args]
+    self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    self.lines: list[str] = []
+    self.cond = threading.Condition()
+    self.reader = threading.Thread(target=self._read, daemon=True)
+    self.reader.start()
+
+  def _read(self) -> None:
+    for line in self.proc.stderr:
+      with self.cond:
+        self.lines.append(line.rstrip('\n'))
+        self.cond.notify_all()
+
+  def wait_line(self, pattern: str, timeout: float = 10., start: int = 0) -> re.Match:
+    """The first stderr line from index `start` on matching the regex."""
+    rx, deadline = re.compile(pattern), time.monotonic() + timeout
+    with self.cond:
+      while True:
+        for line in self.lines[start:]:
+          if m := rx.search(line): return m
+        if (left := deadline - time.monotonic()) <= 0 or (self.proc.poll() is not None and not self.reader.is_alive()):
+          raise TimeoutError(f"no line matching {pattern!r} within {timeout} s; stderr:\n" + '\n'.join(self.lines[-40:]))
+        self.cond.wait(min(left, 0.1))
+
+  def stderr(self) -> str:
+    with self.cond: return '\n'.join(self.lines)
+
+  def stop(self, timeout: float = 5.) -> tuple[int, float]:
+    """SIGTERM; (exit code, seconds until it exited)."""
+    t0 = time.monotonic()
+    if self.proc.poll() is None: self.proc.send_signal(signal.SIGTERM)
+    try: rc = self.proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+      self.proc.kill()
+      rc = self.proc.wait()
+    dt = time.monotonic() - t0
+    self.reader.join(2)
+    return rc, dt
+
+class Camera:
+  """A camera process in the test: VisionIPC buffers for the given streams plus their camera-state messages."""
+  def __init__(self, streams: dict[int, NV12Layout], name: str = 'camerad', buffers: int = 8, sensor: str = 'ar0231'):
+    self.layouts, self.sensor = streams, sensor
+    self.server = VisionIpcServer(name)
+    for s, l in streams.items(): self.server.create_buffers_with_sizes(s, buffers, l.width, l.height, l.size, l.stride, l.uv_offset)
+    self.server.start_listener()
+    self.pm = messaging.PubMaster([CAMERA_STATE_SERVICES[s] for s in streams])
+    rng = np.random.default_rng(0)
+    self.images = {s: rng.integers(0, 256, l.size, dtype=np.uint8) for s, l in streams.items()}
+
+  def send(self, frame_id: int, streams=None) -> int:
+    """Frame `frame_id` (timestampSof = frame_id * 50 ms) on the given streams (default all): the camera-state message,
+    then the buffer, as openpilot's daemon test does. Returns timestampEof."""
+    sof = frame_id * FRAME_NS
+    eof = sof + FRAME_NS
+    for s in (self.layouts if streams is None else streams):
+      msg = messaging.new_message(svc := CAMERA_STATE_SERVICES[s])
+      cs = getattr(msg, svc)
+      cs.frameId, cs.timestampSof, cs.timestampEof, cs.sensor = frame_id, sof, eof, self.sensor
+      cs.width, cs.height = self.layouts[s].width, self.layouts[s].height
+      self.pm.send(svc, msg)
+      self.server.send(s, self.images[s], frame_id, sof, eof)
+    return eof
+
+  def close(self) -> None:
+    self.pm.close()
+    self.server.close()
+
+class Collector:
+  """Every Event of some services, in arrival order (not conflated)."""
+  def __init__(self, services: list[str]):
+    self.socks = {s: messaging.sub_sock(s, timeout=50) for s in services}
+    self.msgs: dict[str, list] = {s: [] for s in services}
+
+  def poll(self) -> None:
+    for s, sock in self.socks.items(): self.msgs[s] += messaging.drain_sock(sock)
+
+  def wait(self, service: str, count: int, timeout: float = 10.) -> list:
+    """Block until `count` Events of `service` have arrived in total; returns them all."""
+    deadline = time.monotonic() + timeout
+    while len(self.msgs[service]) < count:
+      if time.monotonic() > deadline: raise TimeoutError(f"{len(self.msgs[service])} of {count} {service} messages within {timeout} s")
+      if (dat := self.socks[service].receive()) is not None: self.msgs[service].append(messaging.log_from_bytes(dat))
+    return self.msgs[service]
+
+  def close(self) -> None:
+    for s in self.socks.values(): s.close()
