@@ -1,6 +1,6 @@
 """VisionIPC with real processes, real shared memory and real sockets: servers in child processes driven over a pipe,
 clients here or in their own processes."""
-import logging, multiprocessing as mp, os, signal, stat, sys, time, uuid
+import logging, multiprocessing as mp, os, signal, socket, stat, sys, time, uuid
 import numpy as np
 import pytest
 from msgq import runtime_dir
@@ -301,3 +301,16 @@ def test_send_checks_the_frame_size(name):
     s.create_buffers(ROAD, 2, 64, 48)
     with pytest.raises(Exception, match=f"expected {PACKED.size} uint8 bytes"): s.send(ROAD, bytes(10), 0)
     with pytest.raises(Exception, match="no buffers for stream 1"): s.send(DRIVER, bytes(10), 0)
+
+def test_a_silent_handshake_blocks_neither_send_nor_connected_clients(name):
+  with VisionIpcServer(name) as s:
+    s.create_buffers(ROAD, 2, 64, 48)
+    s.start_listener()
+    c = VisionIpcClient(name, ROAD, False)
+    assert c.connect(True)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as silent:
+      silent.connect(s.path)   # occupies the listener until its handshake times out
+      s.send(ROAD, frame_bytes(PACKED, 4), 4)
+      assert c.recv(2000).frame_id == 4
+      assert VisionIpcClient(name, ROAD, False).connect(True)   # served once the silent one timed out
+    c.close()

@@ -44,7 +44,8 @@ class VisionIpcClient:
       if "error" in reply:
         log.warning("VisionIPC %r stream %d: %s", self.name, self.stream, reply["error"])
         return False
-      if len(fds) != 1: raise IpcError(f"expected 1 buffer fd in the handshake, got {len(fds)}")
+      if len(fds) != 1 or reply["stream"] != self.stream:
+        raise IpcError(f"expected stream {self.stream} and 1 buffer fd, got stream {reply['stream']} and {len(fds)} fds")
       layout = NV12Layout.parse(reply["layout"])
       self._ring = Ring(fds[0], layout, [int(o) for o in reply["offsets"]], int(reply["trailer_offset"]), writable=False)
     except (IpcError, ValueError, KeyError, TypeError) as e:

@@ -1,5 +1,5 @@
 """VisionIpcServer: owns the camera rings (one memfd per stream), hands them to clients, publishes frames."""
-import atexit, errno, fcntl, json, os, socket, struct, threading
+import atexit, errno, fcntl, json, logging, os, socket, struct, threading
 import numpy as np
 from msgq.pubsub import IpcError, pub_sock
 from msgq.visionipc.buffers import Ring, VisionBuf
@@ -8,6 +8,7 @@ from msgq.visionipc.wire import (FRAME, MAGIC, MAX_PACKET, OP_BUFFERS, OP_STREAM
                                  check_stream, endpoint, socket_path)
 
 MAX_BUFFERS = 1024
+log = logging.getLogger("msgq.visionipc")
 
 class _Stream:
   def __init__(self, fd: int, ring: Ring, pub):
@@ -64,9 +65,10 @@ class VisionIpcServer:
       except TimeoutError: continue
       except OSError: return
       with conn:
-        conn.settimeout(1.0)
+        conn.settimeout(1.0)   # a client that connects and says nothing delays the next handshake by this much, at most
         try: self._serve(conn)
         except OSError: pass   # the client went away mid-handshake
+        except Exception as e: log.warning("VisionIPC server %r: handshake failed: %r", self.name, e)   # keep listening
 
   def _serve(self, conn: socket.socket) -> None:
     req = conn.recv(64)
