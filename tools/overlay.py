@@ -1,0 +1,406 @@
+"""modeld-overlay: draw model outputs onto camera frames, from a recorded route or a live stack, as PNGs or an MP4.
+
+Road and wide cameras: lane lines (colour and width by probability), road edges, the planned path, the lead (a box
+of a car's size at its distance, with its probability) and a panel with frame id, execution time, drops and the
+model's confidence. Driver camera: the face box and eye state of the driver's side, phone and awareness.
+
+Every point is projected with modelrt.geometry (camera_from_calib for the road, dm_warp_matrix for the driver) and
+the calibration in force (liveCalibration), the same geometry the daemons and the synthetic scenes use.
+
+Background of a recorded frame: the route's video of that camera when it was recorded; otherwise the synthetic scene
+given with --scene (frame id = scene frame, as camerad serves it); otherwise a blank canvas of the camera's size.
+"""
+from __future__ import annotations
+import argparse, os, sys, time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+from modelrt.constants import DM_HEIGHT, DM_WIDTH, X_IDXS
+from modelrt.geometry import CameraConfig, camera_config, camera_from_calib, dm_warp_matrix
+
+# camera -> (VisionIPC stream, camera-state service, geometry camera, video file in a segment)
+CAMERAS = {'road': (0, 'roadCameraState', 'road', 'road.mkv'), 'wide': (2, 'wideRoadCameraState', 'wide', 'wide.mkv'),
+           'driver': (1, 'driverCameraState', 'driver', 'driver.mkv')}
+CAM_HEIGHT = 1.22          # m, when no liveCalibration.height was seen
+CAR_HALF_WIDTH = 0.9       # m: the path is drawn as wide as a car, the lead box too
+LEAD_HEIGHT = 1.5          # m
+LEAD_MIN_PROB = 0.3        # leads drawn from this probability on (their panel line always shows)
+FACE_BOX = 0.3             # face box side, fraction of the driver model frame's height
+GREEN, YELLOW, RED, WHITE, BLUE, GREY = (40, 220, 80), (250, 210, 40), (240, 50, 40), (255, 255, 255), (60, 140, 255), (150, 150, 150)
+CONFIDENCE_COLOURS = {'green': GREEN, 'yellow': YELLOW, 'red': RED}
+
+def nv12_to_rgb(buf: np.ndarray, width: int, height: int, stride: int, uv_offset: int) -> np.ndarray:
+  """(h, w, 3) uint8 RGB of an NV12 buffer (rows of `stride` bytes, UV rows from `uv_offset`), converted by FFmpeg
+  as a decoded video frame would be."""
+  import av
+  yuv = np.empty((height * 3 // 2, width), np.uint8)
+  yuv[:height] = buf[:stride * height].reshape(height, stride)[:, :width]
+  yuv[height:] = buf[uv_offset:uv_offset + stride * (height // 2)].reshape(height // 2, stride)[:, :width]
+  return av.VideoFrame.from_ndarray(yuv, format='nv12').to_ndarray(format='rgb24')
+
+def prob_colour(p: float) -> tuple[int, int, int]:
+  """Red at 0, yellow at 0.5, green at 1."""
+  p = float(np.clip(p, 0, 1))
+  a, b, t = (RED, YELLOW, p * 2) if p < 0.5 else (YELLOW, GREEN, p * 2 - 1)
+  return tuple(int(round(x + (y - x) * t)) for x, y in zip(a, b))
+
+def sensor_camera(sensor: str, camera: str) -> CameraConfig:
+  try: return camera_config(sensor, camera)
+  except KeyError: return camera_config('ar0231', camera)
+
+def frame_camera(sensor: str, camera: str, width: int, height: int, base: CameraConfig | None = None) -> CameraConfig:
+  """The camera geometry of a frame: `base` (a scene's camera) or the sensor's (ar0231 if unknown). A frame of another
+  size (a video file, --width) keeps the field of view: the focal length scales with the width."""
+  base = base or sensor_camera(sensor, camera)
+  return base if (base.width, base.height) == (width, height) else CameraConfig(width, height, base.focal_length * width / base.width)
+
+def project(points: np.ndarray, rpy, cam: CameraConfig) -> tuple[np.ndarray, np.ndarray]:
+  """Calibrated-frame points (N, 3) -> camera pixels (N, 2) and a mask of the points in front of the camera."""
+  p = np.asarray(points, np.float64) @ camera_from_calib(rpy, cam).T
+  ok = p[:, 2] > 1e-3
+  uv = p[:, :2] / np.where(ok, p[:, 2], 1.0)[:, None]
+  lim = 8 * max(cam.width, cam.height)   # far outside the frame: clamp, so the drawing library gets sane numbers
+  return np.clip(uv, -lim, lim), ok
+
+@dataclass
+class FrameMsgs:
+  """What is drawn on one frame: the messages about it and the calibration in force."""
+  frame_id: int
+  model: object = None          # modelV2 (road, wide)
+  driver: object = None         # driverStateV2
+  dm_state: object = None       # driverMonitoringState
+  rpy: tuple = (0., 0., 0.)
+  height: float = CAM_HEIGHT
+  sensor: str = 'ar0231'
+  size: tuple[int, int] | None = None   # camera frame (width, height) from its camera-state message
+  cam: CameraConfig | None = None       # the scene's camera, when the frames come from a scene
+
+class Painter:
+  def __init__(self, img: Image.Image):
+    self.img = img
+    self.scale = max(img.width / 1164, 0.35)   # line widths and fonts grow with the frame
+    self.layer = Image.new('RGBA', img.size, (0, 0, 0, 0))
+    self.draw = ImageDraw.Draw(self.layer)
+    self.font = ImageFont.load_default(size=max(10, int(18 * self.scale)))
+    self.panel: list[tuple[str, tuple]] = []
+
+  def px(self, w: float) -> int: return max(1, int(round(w * self.scale)))
+
+  def line(self, uv: np.ndarray, colour, width: float, alpha: int = 255) -> None:
+    if len(uv) >= 2: self.draw.line([tuple(p) for p in uv], fill=(*colour, alpha), width=self.px(width), joint='curve')
+
+  def text(self, xy, s: str, colour=WHITE) -> None:
+    self.draw.text(xy, s, fill=(*colour, 255), font=self.font, stroke_width=max(1, self.px(1.5)), stroke_fill=(0, 0, 0, 255))
+
+  def finish(self) -> Image.Image:
+    if self.panel:   # the panel: one line per entry, top left, on a dark band
+      lh = self.font.size + self.px(4)
+      w = max(self.draw.textlength(s, font=self.font) for s, _ in self.panel) + self.px(16)
+      self.draw.rectangle((0, 0, w, lh * len(self.panel) + self.px(10)), fill=(0, 0, 0, 140))
+      for i, (s, c) in enumerate(self.panel): self.text((self.px(8), self.px(5) + i * lh), s, c)
+    return Image.alpha_composite(self.img.convert('RGBA'), self.layer).convert('RGB')
+
+def draw_road(p: Painter, m: FrameMsgs, cam: CameraConfig) -> None:
+  md, rpy, h = m.model, m.rpy, m.height
+  near = X_IDXS >= 1.0   # the first grid point is the camera itself
+  for line, prob in zip(md.laneLines, md.laneLineProbs):
+    if len(line.y) != len(X_IDXS): continue
+    z = np.asarray(line.z) if len(line.z) == len(X_IDXS) else np.full(len(X_IDXS), h)
+    uv, ok = project(np.stack([X_IDXS, np.asarray(line.y), z], 1)[near], rpy, cam)
+    p.line(uv[ok], prob_colour(prob), 2 + 6 * prob, alpha=int(90 + 165 * prob))
+  for edge in md.roadEdges:
+    if len(edge.y) != len(X_IDXS): continue
+    z = np.asarray(edge.z) if len(edge.z) == len(X_IDXS) else np.full(len(X_IDXS), h)
+    uv, ok = project(np.stack([X_IDXS, np.asarray(edge.y), z], 1)[near], rpy, cam)
+    p.line(uv[ok], RED, 4, alpha=200)
+  pos = md.position
+  if len(pos.x) > 1 and len(pos.x) == len(pos.y) == len(pos.z):
+    # the plan is the car's path at its origin: on the road, camera height below (z down)
+    x, y, z = np.asarray(pos.x), np.asarray(pos.y), np.asarray(pos.z) + h
+    keep = x >= 1.0
+    if keep.sum() >= 2:
+      left, okl = project(np.stack([x, y - CAR_HALF_WIDTH, z], 1)[keep], rpy, cam)
+      right, okr = project(np.stack([x, y + CAR_HALF_WIDTH, z], 1)[keep], rpy, cam)
+      ok = okl & okr
+      poly = [tuple(q) for q in left[ok]] + [tuple(q) for q in right[ok][::-1]]
+      if len(poly) >= 3: p.draw.polygon(poly, fill=(*BLUE, 70), outline=(*BLUE, 200))
+  conf = str(md.confidence)
+  p.panel += [(f"frame {md.frameId}  exec {md.modelExecutionTime * 1e3:.1f} ms  drops {md.frameDropPerc:.1f} %", WHITE),
+              (f"confidence {conf}", CONFIDENCE_COLOURS.get(conf, WHITE)),
+              ("lanes " + " ".join(f"{q:.2f}" for q in md.laneLineProbs), WHITE)]
+  if len(md.leadsV3):
+    lead = md.leadsV3[0]
+    if len(lead.x):
+      x, y, prob = float(lead.x[0]), float(lead.y[0]) if len(lead.y) else 0., float(lead.prob)
+      p.panel.append((f"lead {x:.1f} m  v {lead.v[0] if len(lead.v) else 0:.1f} m/s  prob {prob:.2f}", prob_colour(prob)))
+      if prob >= LEAD_MIN_PROB and x > 1.0:
+        c = np.array([[x, y - CAR_HALF_WIDTH, h], [x, y + CAR_HALF_WIDTH, h], [x, y + CAR_HALF_WIDTH, h - LEAD_HEIGHT], [x, y - CAR_HALF_WIDTH, h - LEAD_HEIGHT]])
+        uv, ok = project(c, rpy, cam)
+        if ok.all():
+          (x0, y0), (x1, y1) = uv.min(0), uv.max(0)
+          p.draw.rectangle((x0, y0, x1, y1), outline=(*prob_colour(prob), 255), width=p.px(4))
+          p.text((x0, y1 + p.px(4)), f"{x:.0f} m  {prob:.2f}", prob_colour(prob))
+
+def draw_driver(p: Painter, m: FrameMsgs, cam: CameraConfig) -> None:
+  ds, dms = m.driver, m.dm_state
+  rhd = dms.isRHD if dms is not None else ds.wheelOnRightProb > 0.5
+  d = ds.rightDriverData if rhd else ds.leftDriverData
+  p.panel.append((f"frame {ds.frameId}  exec {ds.modelExecutionTime * 1e3:.1f} ms  {'RHD' if rhd else 'LHD'}  "
+                  f"wheel on right {ds.wheelOnRightProb:.2f}", WHITE))
+  p.panel.append((f"face {d.faceProb:.2f}", prob_colour(d.faceProb)))
+  if len(d.facePosition) == 2:
+    warp = dm_warp_matrix(cam).astype(np.float64)
+    mx, my = (d.facePosition[0] + 0.5) * DM_WIDTH, (d.facePosition[1] + 0.5) * DM_HEIGHT
+    half = FACE_BOX * DM_HEIGHT / 2
+    corners = warp @ np.array([[mx - half, my - half, 1], [mx + half, my + half, 1]]).T
+    (x0, x1), (y0, y1) = corners[0] / corners[2], corners[1] / corners[2]
+    p.draw.rectangle((x0, y0, x1, y1), outline=(*(GREEN if d.faceProb > 0.5 else GREY), 255), width=p.px(4))
+    # eyes: on the box's upper third, a filled dot when open, a bar when closed (blinking)
+    r = (x1 - x0) * 0.06
+    for name, ex, eye, blink in (('L', x0 + (x1 - x0) * 0.32, d.leftEyeProb, d.leftBlinkProb), ('R', x0 + (x1 - x0) * 0.68, d.rightEyeProb, d.rightBlinkProb)):
+      ey, is_open = y0 + (y1 - y0) * 0.38, eye * (1 - blink) > 0.5
+      if is_open: p.draw.ellipse((ex - r, ey - r, ex + r, ey + r), fill=(*GREEN, 230))
+      else: p.draw.line((ex - 1.5 * r, ey, ex + 1.5 * r, ey), fill=(*RED, 255), width=p.px(4))
+    p.text((x0, y1 + p.px(4)), f"face {d.faceProb:.2f}", GREEN if d.faceProb > 0.5 else GREY)
+  p.panel.append((f"eyes L {d.leftEyeProb:.2f} (blink {d.leftBlinkProb:.2f})  R {d.rightEyeProb:.2f} (blink {d.rightBlinkProb:.2f})", WHITE))
+  p.panel.append((f"phone {d.phoneProb:.2f}  sunglasses {d.sunglassesProb:.2f}", RED if d.phoneProb > 0.5 else WHITE))
+  if dms is not None:
+    a = float(np.clip(dms.awarenessStatus, 0, 1))
+    p.panel.append((f"awareness {a:.2f}{'  DISTRACTED' if dms.isDistracted else ''}", prob_colour(a)))
+    w, h = p.img.size
+    bar = (p.px(10), h - p.px(26), p.px(10) + (w // 3), h - p.px(10))
+    p.draw.rectangle(bar, outline=(*WHITE, 200), width=p.px(2))
+    p.draw.rectangle((bar[0], bar[1], bar[0] + a * (bar[2] - bar[0]), bar[3]), fill=(*prob_colour(a), 200))
+
+def render(rgb: np.ndarray, m: FrameMsgs, camera: str) -> Image.Image:
+  """The frame with m's outputs drawn on it."""
+  img = Image.fromarray(rgb)
+  cam = frame_camera(m.sensor, CAMERAS[camera][2], img.width, img.height, m.cam)
+  p = Painter(img)
+  if camera == 'driver':
+    if m.driver is not None: draw_driver(p, m, cam)
+  elif m.model is not None: draw_road(p, m, cam)
+  return p.finish()
+
+# ---- inputs: (frame messages, RGB frame) pairs
+
+def route_msgs(route: str, camera: str) -> dict[int, FrameMsgs]:
+  """Per frame id, the route's outputs for that camera's frames and the calibration in force when they came."""
+  from tools.logreader import LogReader
+  state_svc, out = CAMERAS[camera][1], {}
+  rpy, height, sensor, size = (0., 0., 0.), CAM_HEIGHT, 'ar0231', None
+  states: dict[int, tuple] = {}
+  def frame(fid: int) -> FrameMsgs:
+    if fid not in out: out[fid] = FrameMsgs(fid, rpy=rpy, height=height, sensor=sensor, size=states.get(fid, size))
+    return out[fid]
+  for ev in LogReader(route):
+    w = ev.which()
+    if w == 'liveCalibration':
+      c = ev.liveCalibration
+      if len(c.rpyCalib) == 3: rpy = tuple(c.rpyCalib)
+      if len(c.height): height = float(c.height[0])
+    elif w == state_svc:
+      st = getattr(ev, w)
+      sensor, size = str(st.sensor), (st.width, st.height) if st.width and st.height else size
+      states[st.frameId] = size
+    elif w == 'modelV2' and camera != 'driver': frame(ev.modelV2.frameId if camera == 'road' else ev.modelV2.frameIdExtra).model = ev.modelV2
+    elif w == 'driverStateV2' and camera == 'driver': frame(ev.driverStateV2.frameId).driver = ev.driverStateV2
+    elif w == 'driverMonitoringState' and camera == 'driver': frame(ev.driverMonitoringState.frameId).dm_state = ev.driverMonitoringState
+  return {fid: m for fid, m in sorted(out.items()) if (m.driver if camera == 'driver' else m.model) is not None}
+
+def video_files(route: str, camera: str) -> list[Path]:
+  from tools.logreader import segment_dirs
+  p = Path(route)
+  return [f for d in segment_dirs(p) if (f := d / CAMERAS[camera][3]).is_file()] if p.is_dir() else []
+
+def video_frames(route: str, camera: str) -> Iterator[tuple[int, np.ndarray]]:
+  """(frame id, RGB) of the route's recorded video of the camera, segment by segment (pts = frame id). Damaged
+  packets are skipped (camerad's decoder)."""
+  from collections import Counter
+  from camerad.sources import VideoDecoder
+  for path in video_files(route, camera):
+    d = VideoDecoder(str(path), Counter())
+    try:
+      for f in d.frames(): yield int(f.pts), f.to_ndarray(format='rgb24')
+    finally: d.close()
+
+def route_frames(route: str, camera: str, scene: str | None, frames: int | None, background: str) -> tuple[int, Iterator]:
+  msgs = route_msgs(route, camera)
+  if not msgs: raise SystemExit(f"modeld-overlay: {route}: no {'driverStateV2' if camera == 'driver' else 'modelV2'} "
+                                f"messages for the {camera} camera in the route")
+  ids = list(msgs)[:frames]
+  videos = video_files(route, camera)
+  if background == 'auto': background = 'video' if videos else 'scene' if scene else 'blank'
+  if background == 'video' and not videos: raise SystemExit(f"modeld-overlay: {route}: no recorded {camera} video")
+  if background == 'scene' and not scene: raise SystemExit("modeld-overlay: --background scene needs --scene")
+  sc = None
+  if scene:
+    from camerad.scene import load_scene
+    sc = load_scene(scene)
+    for m in msgs.values(): m.cam = sc.cameras[CAMERAS[camera][2]]
+  def gen():
+    if background == 'video':
+      want = set(ids)
+      for fid, rgb in video_frames(route, camera):
+        if fid in want:
+          want.discard(fid)
+          yield msgs[fid], rgb
+        if not want: return
+    elif background == 'scene':
+      from camerad.render import SceneRenderer
+      from msgq.visionipc.layout import NV12Layout
+      cam = sc.cameras[CAMERAS[camera][2]]
+      layout = NV12Layout.packed(cam.width, cam.height)
+      r = SceneRenderer(sc, CAMERAS[camera][2], layout)
+      for fid in ids: yield msgs[fid], nv12_to_rgb(r.render(fid % sc.n_frames), cam.width, cam.height, layout.stride, layout.uv_offset)
+    else:
+      for fid in ids:
+        m = msgs[fid]
+        cam = m.cam or sensor_camera(m.sensor, CAMERAS[camera][2])
+        w, h = m.size or (cam.width, cam.height)
+        yield m, np.full((h, w, 3), 40, np.uint8)
+  return len(ids), gen()
+
+def live_frames(name: str, camera: str, frames: int | None, timeout: float) -> tuple[int | None, Iterator]:
+  """Frames of a running stack: each camera frame is kept (copied) until the outputs for its frame id arrive."""
+  from cereal.messaging import Poller, log_from_bytes, MalformedMessageError, sub_sock
+  from msgq.visionipc import VisionIpcClient
+  stream, state_svc = CAMERAS[camera][0], CAMERAS[camera][1]
+  deadline = time.monotonic() + timeout
+  while stream not in VisionIpcClient.available_streams(name, block=False):
+    if time.monotonic() > deadline:
+      raise SystemExit(f"modeld-overlay: no camera server {name!r} serving the {camera} camera after {timeout:g} s "
+                       f"(is camerad running, with the same OPENPILOT_PREFIX?)")
+    time.sleep(0.1)
+  services = ['driverStateV2', 'driverMonitoringState'] if camera == 'driver' else ['modelV2']
+  services += ['liveCalibration', state_svc]
+  poller = Poller()
+  socks = {id(sub_sock(s, poller=poller)): s for s in services}
+  client = VisionIpcClient(name, stream, conflate=False)
+  client.connect(blocking=True)
+  def gen():
+    kept: dict[int, np.ndarray] = {}
+    ms: dict[int, FrameMsgs] = {}
+    rpy, height, sensor, done, idle = (0., 0., 0.), CAM_HEIGHT, 'ar0231', 0, time.monotonic()
+    try:
+      while frames is None or done < frames:
+        if (buf := client.recv(timeout_ms=20)) is not None:
+          rgb = nv12_to_rgb(np.array(buf.array), buf.width, buf.height, buf.stride, buf.uv_offset)
+          if not buf.overwritten(): kept[buf.frame_id] = rgb   # a torn frame is not shown
+          for old in sorted(kept)[:-30]: del kept[old]
+        for sock in poller.poll(0):
+          while (dat := sock.receive(non_blocking=True)) is not None:
+            try: ev = log_from_bytes(dat)
+            except MalformedMessageError: continue
+            w = ev.which()
+            if w == 'liveCalibration':
+              if len(ev.liveCalibration.rpyCalib) == 3: rpy = tuple(ev.liveCalibration.rpyCalib)
+              if len(ev.liveCalibration.height): height = float(ev.liveCalibration.height[0])
+            elif w == state_svc: sensor = str(getattr(ev, w).sensor)
+            else:
+              fid = getattr(ev, w).frameId if not (w == 'modelV2' and camera == 'wide') else ev.modelV2.frameIdExtra
+              m = ms.setdefault(fid, FrameMsgs(fid))
+              setattr(m, {'modelV2': 'model', 'driverStateV2': 'driver', 'driverMonitoringState': 'dm_state'}[w], getattr(ev, w))
+        for fid in sorted(ms):
+          m = ms[fid]
+          ready = m.model is not None or (m.driver is not None and (m.dm_state is not None or fid < max(ms)))
+          if ready and fid in kept:
+            m.rpy, m.height, m.sensor = rpy, height, sensor
+            yield m, kept.pop(fid)
+            done, idle = done + 1, time.monotonic()
+            del ms[fid]
+            if frames is not None and done >= frames: return
+          elif fid < min(kept, default=fid + 1): del ms[fid]   # its frame is gone
+        if time.monotonic() - idle > timeout:
+          raise SystemExit(f"modeld-overlay: no {'/'.join(services[:-2])} for the {camera} camera's frames in {timeout:g} s "
+                           f"(is {'dmonitoringd' if camera == 'driver' else 'modeld'} running?)")
+    finally: client.close()
+  return frames, gen()
+
+# ---- outputs
+
+class Writer:
+  """PNG frames into a folder (frame_<id>.png), or an H.264 MP4 when the path ends in .mp4."""
+  def __init__(self, out: str, fps: float, width: int | None):
+    self.out, self.fps, self.width, self.container, self.count = out, fps, width, None, 0
+    self.mp4 = out.lower().endswith('.mp4')
+    if not self.mp4: os.makedirs(out, exist_ok=True)
+
+  def write(self, img: Image.Image, frame_id: int) -> None:
+    if self.width and img.width != self.width:
+      img = img.resize((self.width, max(2, round(img.height * self.width / img.width))), Image.BILINEAR)
+    if self.mp4:
+      import av
+      img = img.crop((0, 0, img.width // 2 * 2, img.height // 2 * 2))   # yuv420p needs even sizes
+      if self.container is None:
+        os.makedirs(os.path.dirname(os.path.abspath(self.out)), exist_ok=True)
+        self.container = av.open(self.out, 'w')
+        self.stream = self.container.add_stream('libx264', rate=round(self.fps))
+        self.stream.width, self.stream.height, self.stream.pix_fmt = img.width, img.height, 'yuv420p'
+        self.stream.options = {'crf': '20', 'preset': 'veryfast'}
+      for pkt in self.stream.encode(av.VideoFrame.from_image(img)): self.container.mux(pkt)
+    else: img.save(os.path.join(self.out, f"frame_{frame_id:06d}.png"))
+    self.count += 1
+
+  def close(self) -> None:
+    if self.container is not None:
+      for pkt in self.stream.encode(): self.container.mux(pkt)
+      self.container.close()
+
+def main(argv: list[str] | None = None) -> int:
+  p = argparse.ArgumentParser(prog='modeld-overlay', formatter_class=argparse.RawDescriptionHelpFormatter,
+                              description='Draw model outputs onto camera frames, from a recorded route or a live stack.',
+                              epilog="""examples:
+  modeld-overlay routes/2026-11-30--04-00-00 --out overlay.mp4            the route's road camera, as an MP4
+  modeld-overlay ROUTE --camera driver --frames 40 --out frames/           40 PNGs of the driver camera
+  modeld-overlay ROUTE --scene lead_braking --out o.mp4                    a route without video, on the scene's frames
+  modeld-overlay --live --frames 100 --out live.mp4                        a running stack (same OPENPILOT_PREFIX)
+
+background of a recorded frame (--background auto): the route's video of the camera if recorded, else the synthetic
+scene of --scene (camerad's frame id = scene frame), else a blank canvas of the camera's size.""")
+  p.add_argument('route', nargs='?', help='route folder, segment folder or rlog.zst (modeld-record); omit with --live')
+  p.add_argument('--live', action='store_true', help='render a running stack (VisionIPC + messages) instead of a route')
+  p.add_argument('--camera', choices=list(CAMERAS), default='road', help='camera to draw on (default: road)')
+  p.add_argument('--out', default='overlay.mp4', help='an .mp4 file (H.264), or a folder for PNG frames (default: overlay.mp4)')
+  p.add_argument('--frames', type=int, metavar='N', help='render at most N frames (live: required to stop without Ctrl-C)')
+  p.add_argument('--scene', metavar='SCENE', help='synthetic scene the route was recorded from (background when no video)')
+  p.add_argument('--background', choices=('auto', 'video', 'scene', 'blank'), default='auto', help='see below (default: auto)')
+  p.add_argument('--fps', type=float, default=20., help='MP4 frame rate (default: 20, the camera rate)')
+  p.add_argument('--width', type=int, metavar='W', help='scale the output to this width')
+  p.add_argument('--name', default='camerad', help='live: VisionIPC server name (default: camerad)')
+  p.add_argument('--prefix', metavar='P', help='live: OPENPILOT_PREFIX of the stack (default: the environment\'s)')
+  p.add_argument('--timeout', type=float, default=10., help='live: seconds to wait for the camera and the outputs (default: 10)')
+  p.add_argument('--quiet', action='store_true', help='no progress bar')
+  args = p.parse_args(argv)
+  if args.live == (args.route is not None): p.error('give a ROUTE or --live (not both)')
+  if args.frames is not None and args.frames < 1: p.error(f"--frames: expected >= 1, got {args.frames}")
+  if args.width is not None and args.width < 16: p.error(f"--width: expected >= 16, got {args.width}")
+  if args.prefix is not None: os.environ['OPENPILOT_PREFIX'] = args.prefix
+
+  from tqdm import tqdm
+  try:
+    if args.live: total, frames = live_frames(args.name, args.camera, args.frames, args.timeout)
+    else:
+      if not Path(args.route).exists(): p.error(f"route {args.route!r} does not exist")
+      total, frames = route_frames(args.route, args.camera, args.scene, args.frames, args.background)
+  except (OSError, ValueError) as e:
+    print(f"modeld-overlay: {e}", file=sys.stderr)
+    return 1
+  writer = Writer(args.out, args.fps, args.width)
+  try:
+    with tqdm(total=total, unit='frame', desc='overlay', disable=args.quiet) as bar:
+      for m, rgb in frames:
+        writer.write(render(rgb, m, args.camera), m.frame_id)
+        bar.update()
+  except KeyboardInterrupt: pass
+  finally: writer.close()
+  if writer.count == 0:
+    print("modeld-overlay: no frame rendered", file=sys.stderr)
+    return 1
+  print(f"modeld-overlay: {writer.count} frames -> {args.out}")
+  return 0
+
+if __name__ == '__main__':
+  sys.exit(main())
