@@ -12,10 +12,10 @@ class Ring:
   The mapping is unmapped by close() only: while any VisionBuf (or view of one) is alive, close() refuses."""
   def __init__(self, fd: int, layout: NV12Layout, offsets: list[int], trailer_offset: int, writable: bool):
     length = os.fstat(fd).st_size
-    if trailer_offset < layout.size or any(o % ALIGN or o < 0 or o + trailer_offset + TRAILER.size > length for o in offsets):
+    if not offsets or trailer_offset < layout.size or any(o % ALIGN or o < 0 or o + trailer_offset + TRAILER.size > length for o in offsets):
       raise IpcError(f"VisionIPC ring: buffers of {layout.size} bytes at offsets {offsets[:4]}... (trailer +{trailer_offset}) "
                      f"must be {ALIGN}-byte aligned and fit the {length}-byte shared memory")
-    self.layout, self.offsets, self.trailer_offset, self.writable = layout, list(offsets), trailer_offset, writable
+    self.layout, self.offsets, self.trailer_offset = layout, list(offsets), trailer_offset
     self.mm = mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
     self.addr = np.frombuffer(self.mm, np.uint8, 1).ctypes.data   # page aligned; the temporary view is gone at once
 

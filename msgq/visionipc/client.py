@@ -46,14 +46,14 @@ class VisionIpcClient:
         return False
       if len(fds) != 1 or reply["stream"] != self.stream:
         raise IpcError(f"expected stream {self.stream} and 1 buffer fd, got stream {reply['stream']} and {len(fds)} fds")
-      layout = NV12Layout.parse(reply["layout"])
+      layout, server_id = NV12Layout.parse(reply["layout"]), int(reply["server_id"])
       self._ring = Ring(fds[0], layout, [int(o) for o in reply["offsets"]], int(reply["trailer_offset"]), writable=False)
-    except (IpcError, ValueError, KeyError, TypeError) as e:
+    except (IpcError, OSError, ValueError, KeyError, TypeError) as e:
       log.warning("VisionIPC %r stream %d: bad handshake reply (%s)", self.name, self.stream, e)
       return False
     finally:
       for fd in fds: os.close(fd)   # the mapping keeps the memory alive
-    self.server_id = int(reply["server_id"])
+    self.server_id = server_id
     self._old_ids.discard(self.server_id)
     self.layout, self.num_buffers = layout, self._ring.count
     self.width, self.height, self.stride, self.uv_offset, self.buffer_len = layout.width, layout.height, layout.stride, layout.uv_offset, layout.size
