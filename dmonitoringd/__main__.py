@@ -1,0 +1,4 @@
+import sys
+from dmonitoringd.main import main
+
+sys.exit(main())

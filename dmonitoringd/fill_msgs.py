@@ -1,0 +1,31 @@
+"""Parsed driver-model outputs -> driverStateV2; policy state -> driverMonitoringState."""
+from __future__ import annotations
+import numpy as np
+from cereal.messaging import new_message
+
+def fill_driver_state(dm: dict, frame_id: int, execution_time: float, gpu_time: float, valid: bool, raw: np.ndarray | None = None):
+  """dm: dmonitoringd.parse.parse_dm_outputs(...). gpu_time: the replay time of the warp + model JITs (on the CPU backend
+  the same wall time the device spends; there is no separate device clock)."""
+  msg = new_message('driverStateV2')
+  msg.valid = valid
+  ds = msg.driverStateV2
+  ds.frameId, ds.modelExecutionTime, ds.gpuExecutionTime = frame_id, execution_time, gpu_time
+  ds.wheelOnRightProb = dm['wheel_on_right_prob']
+  if raw is not None: ds.rawPredictions = np.asarray(raw, np.float32).tobytes()
+  for side, b in (('lhd', ds.leftDriverData), ('rhd', ds.rightDriverData)):
+    d = dm[side]
+    b.faceOrientation, b.faceOrientationStd = d['face_orientation'].tolist(), d['face_orientation_std'].tolist()
+    b.facePosition, b.facePositionStd = d['face_position'].tolist(), d['face_position_std'].tolist()
+    b.faceProb, b.leftEyeProb, b.rightEyeProb = d['face_prob'], d['left_eye_prob'], d['right_eye_prob']
+    b.leftBlinkProb, b.rightBlinkProb = d['left_blink_prob'], d['right_blink_prob']
+    b.sunglassesProb, b.phoneProb = d['sunglasses_prob'], d['using_phone_prob']
+  return msg
+
+def fill_monitoring_state(state: dict, frame_id: int, valid: bool):
+  """state: DriverMonitoring.update(...)."""
+  msg = new_message('driverMonitoringState')
+  msg.valid = valid
+  dms = msg.driverMonitoringState
+  for k, v in state.items(): setattr(dms, k, v)
+  dms.frameId = frame_id
+  return msg
