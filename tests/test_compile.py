@@ -11,6 +11,10 @@ from modelrt.onnx_import import load_onnx, OnnxImportError, metadata_props
 from modelrt.compile import build_jit, InputPlan, ValidationError, main
 from modelrt.artifact import write_artifact
 
+@pytest.fixture(autouse=True)
+def _no_compile_workers():
+  with Context(PARALLEL=0): yield   # tiny kernels compile faster in-process than through spawned workers
+
 @pytest.mark.parametrize('make, kind, sizes', [(vision_onnx, 'vision', VISION_OUTPUT_SIZES), (policy_onnx, 'policy', POLICY_OUTPUT_SIZES),
                                                (dm_onnx, 'dm', DM_OUTPUT_SIZES)])
 def test_onnx_import_reads_inputs_and_output_slices(tmp_path, make, kind, sizes):
