@@ -1,24 +1,39 @@
 """Pub/sub over ZMQ with the msgq API openpilot users know.
 
 Transport: `ipc://` sockets in a per-user runtime directory (mode 0700), one sub-directory per
-OPENPILOT_PREFIX so parallel stacks never see each other. Remote subscribers (addr not local) use TCP on
-openpilot's port scheme; publishers listen on TCP only when MSGQ_TCP names an address ("1" = loopback).
+OPENPILOT_PREFIX so parallel stacks never see each other. A subscriber whose addr is "127.0.0.1" (the
+default), "" or None is local and uses ipc, as in openpilot; any other addr ("localhost" included) is remote
+and uses TCP on port 8023 + fnv1a64(prefix + endpoint) % (65535 - 8023) (openpilot's scheme; with no prefix
+the same port as openpilot). Publishers listen on TCP only when MSGQ_TCP names an address ("1" = 127.0.0.1,
+"0.0.0.0" = every interface).
 
 Guarantees (each has a test in tests/test_msgq.py):
-- one publisher per endpoint, across threads and processes (an flock held for the publisher's life);
+- one publisher per endpoint, across threads and processes (an flock held for the publisher's life; it dies
+  with the process, so a publisher killed by SIGKILL frees its endpoint);
 - no slow-joiner loss: when the publisher is up, sub_sock() returns once the subscription is live. The
-  publisher is an XPUB with a welcome message; it only reaches a subscriber after the publisher attached it
-  and read its subscription. A small pump thread keeps the XPUB processing attachments while the
-  application is not sending, and the welcome message is filtered out of the data;
+  publisher is an XPUB with manual subscriptions: it applies each subscription itself and then sends that
+  subscriber alone a welcome message, which sub_sock() waits for. (libzmq's own welcome message goes out when
+  the connection is attached, possibly before the subscription arrives; a message sent right after it could
+  be lost.) A small pump thread applies subscriptions while the application is not sending; welcome messages
+  are filtered out of the data;
 - a slow or dead subscriber never blocks the publisher: ZMQ drops at the high-water mark, which is sized
-  from the endpoint's largest message so queued memory stays bounded.
+  from the endpoint's largest message so what is queued per subscriber stays within QUEUE_BYTES (and at
+  least 16 messages);
+- a message larger than a subscriber's max_size is refused by it (counted in `refused`, logged); publishers
+  refuse to send more than their own max_size. Only a message over 16 MiB and over the subscriber's max_size
+  (a foreign publisher) ends the connection, as a ZMQ protocol error, until the subscriber is re-created;
+- a restarted publisher (same process or another) is re-connected to by existing subscribers within
+  RECONNECT_IVL_MAX; messages it sends before that are lost, as with any new subscriber.
 """
-import errno, fcntl, os, select, stat, threading, time
+import errno, fcntl, logging, os, select, threading, time
 import zmq
 
 DEFAULT_MAX_SIZE = 16 * 1024 * 1024   # largest message on an endpoint the caller gave no size for
 QUEUE_BYTES = 64 * 1024 * 1024        # bound on what one socket queues per peer
+ZERO_COPY_MIN = 64 * 1024             # bytes objects this large are sent without a copy (pyzmq: slower below)
 WELCOME = b"\xffmsgq-welcome\xff"     # never a valid Cap'n Proto message (segment count 2^32)
+
+logger = logging.getLogger("msgq")
 
 class IpcError(Exception): pass
 class MultiplePublishersError(IpcError): pass
@@ -38,16 +53,23 @@ def tcp_port(endpoint: str) -> int:
   """openpilot's port scheme; the prefix takes part so parallel stacks do not collide on TCP either."""
   return 8023 + _fnv1a64(_prefix() + endpoint) % (65535 - 8023)
 
+def is_local(addr: str | None) -> bool:
+  """openpilot's rule: only 127.0.0.1 (and no address) means this machine's ipc; anything else is TCP."""
+  return addr in (None, "", "127.0.0.1")
+
 def runtime_dir() -> str:
   """Per-user directory (0700) holding the ipc sockets and publisher locks of this prefix."""
-  base = os.environ.get("MSGQ_RUNTIME_DIR") or os.path.join(os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/msgq-{os.getuid()}", "msgq")
-  path = os.path.join(base, _prefix() or "default")
-  for d in (base, path):
-    try: os.makedirs(d, mode=0o700, exist_ok=True)
-    except OSError as e: raise IpcError(f"cannot create runtime directory {d}: {e}") from None
-  st = os.stat(base)
-  if st.st_uid != os.getuid() and not os.environ.get("MSGQ_RUNTIME_DIR"):
-    raise IpcError(f"runtime directory {base} belongs to uid {st.st_uid}, not to us ({os.getuid()})")
+  root = os.environ.get("MSGQ_RUNTIME_DIR") or \
+         (os.path.join(os.environ["XDG_RUNTIME_DIR"], "msgq") if os.environ.get("XDG_RUNTIME_DIR") else f"/tmp/msgq-{os.getuid()}")
+  path = os.path.join(root, _prefix() or "default")
+  try:
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.stat(root)
+    if st.st_uid != os.getuid():   # someone else made it (e.g. in /tmp): their sockets, not ours
+      raise IpcError(f"runtime directory {root} belongs to uid {st.st_uid}, not to us ({os.getuid()})")
+    for d in (root, path):
+      if os.stat(d).st_mode & 0o077: os.chmod(d, 0o700)
+  except OSError as e: raise IpcError(f"cannot create runtime directory {path}: {e}") from None
   return path
 
 def _ipc_path(endpoint: str) -> str:
@@ -67,22 +89,31 @@ class PubSocket:
   def __init__(self): self.sock = None
 
   def connect(self, context: Context, endpoint: str, max_size: int = DEFAULT_MAX_SIZE) -> None:
-    self.endpoint, self.path = endpoint, (path := _ipc_path(endpoint))
+    self.endpoint, self.path, self.max_size = endpoint, (path := _ipc_path(endpoint)), max_size
     self._lock_fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try: fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-      os.close(self._lock_fd)
-      if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-        raise MultiplePublishersError(f"endpoint {endpoint!r} already has a publisher ({path})") from None
-      raise
+    # a subscriber probing for a publisher holds a shared lock for a few microseconds: retry briefly
+    deadline = time.monotonic() + 0.05
+    while True:
+      try:
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        break
+      except OSError as e:
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN) and time.monotonic() < deadline:
+          time.sleep(0.001)
+          continue
+        os.close(self._lock_fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+          raise MultiplePublishersError(f"endpoint {endpoint!r} already has a publisher ({path})") from None
+        raise IpcError(f"cannot lock {path}.lock: {e}") from None
     s = context.context.socket(zmq.XPUB)
     s.setsockopt(zmq.LINGER, 0)
     s.setsockopt(zmq.SNDHWM, _hwm(max_size))
     s.setsockopt(zmq.XPUB_NODROP, 0)
-    s.setsockopt(zmq.XPUB_VERBOSER, 1)   # every subscribe and unsubscribe reaches us: a reader count
-    s.setsockopt(zmq.XPUB_WELCOME_MSG, WELCOME)
+    # manual subscriptions: every subscribe reaches us (a reader count) and takes effect when we apply it; the next
+    # message we send then goes to that subscriber alone: its welcome, which therefore follows a live subscription
+    s.setsockopt(zmq.XPUB_MANUAL_LAST_VALUE, 1)
     try:
-      s.bind("ipc://" + path)
+      s.bind("ipc://" + path)   # libzmq removes a socket file left by a dead publisher first
       if (tcp := os.environ.get("MSGQ_TCP", "")) not in ("", "0"):
         s.bind(f"tcp://{'127.0.0.1' if tcp == '1' else tcp}:{tcp_port(endpoint)}")
     except zmq.ZMQError as e:
@@ -93,11 +124,16 @@ class PubSocket:
     self._pump.start()
 
   def _process(self) -> None:
-    # caller holds the mutex; reading EVENTS makes ZMQ attach new subscribers and send their welcome
+    # caller holds the mutex; reading EVENTS makes ZMQ attach new subscribers and queue their (un)subscriptions
     while self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
       sub = self.sock.recv(zmq.NOBLOCK)
-      if sub[:1] == b"\x01": self.readers += 1
-      elif sub[:1] == b"\x00": self.readers = max(0, self.readers - 1)
+      if sub[:1] == b"\x01":
+        self.sock.setsockopt(zmq.SUBSCRIBE, sub[1:])
+        self.sock.send(WELCOME)   # to this subscriber only (to all if it is already gone: they skip it)
+        self.readers += 1
+      elif sub[:1] == b"\x00":   # a subscriber left (our subscribers never unsubscribe while connected)
+        self.sock.setsockopt(zmq.UNSUBSCRIBE, sub[1:])
+        self.readers = max(0, self.readers - 1)
 
   def _pump_loop(self) -> None:
     fd = self.sock.getsockopt(zmq.FD)
@@ -109,10 +145,14 @@ class PubSocket:
         try: self._process()
         except zmq.ZMQError: return
 
-  def send(self, data: bytes) -> int:
+  def send(self, data: bytes | bytearray | memoryview) -> int:
+    """Queue data for every subscriber; never blocks (a subscriber whose queue is full misses it).
+    bytes are sent without a copy when large; mutable buffers are copied, so the caller may reuse them."""
+    if len(data) > self.max_size:
+      raise ValueError(f"message of {len(data)} bytes is larger than {self.endpoint!r}'s max_size {self.max_size}")
     with self._mutex:
       if self._closed: raise IpcError(f"send on closed publisher {self.endpoint!r}")
-      self.sock.send(data, copy=len(data) < 65536)
+      self.sock.send(data, copy=not (isinstance(data, bytes) and len(data) >= ZERO_COPY_MIN))
     return len(data)
 
   def all_readers_updated(self) -> bool:
@@ -144,49 +184,60 @@ class PubSocket:
     except Exception: pass
 
 class SubSocket:
-  def __init__(self): self.sock, self.timeout = None, None
+  def __init__(self): self.sock, self.timeout, self._pending = None, None, None
 
-  def connect(self, context: Context, endpoint: str, address: str = "127.0.0.1", conflate: bool = False,
+  def connect(self, context: Context, endpoint: str, address: str | None = "127.0.0.1", conflate: bool = False,
               max_size: int = DEFAULT_MAX_SIZE, wait: float = 2.0) -> None:
-    """Subscribe. If the publisher is up, return only once the subscription is live (at most `wait` s)."""
-    self.endpoint = endpoint
+    """Subscribe. If a local publisher is up, return only once the subscription is live (at most `wait` s)."""
+    self.endpoint, self.conflate, self.max_size, self.refused = endpoint, conflate, max_size, 0
+    # Larger messages than max_size are refused here, after arrival: ZMQ's own limit (MAXMSGSIZE) would end the
+    # connection for good. It is kept, at a ceiling, only to bound memory against a foreign peer. The queue here
+    # is short: the publisher's queue, sized for the endpoint's real max_size, is in front of it.
+    ceiling = max(max_size, DEFAULT_MAX_SIZE)
     s = context.context.socket(zmq.SUB)
     s.setsockopt(zmq.LINGER, 0)
-    s.setsockopt(zmq.RCVHWM, 1 if conflate else _hwm(max_size))
-    s.setsockopt(zmq.MAXMSGSIZE, max(max_size, len(WELCOME)))
+    s.setsockopt(zmq.RCVHWM, 1 if conflate else _hwm(ceiling))
+    s.setsockopt(zmq.MAXMSGSIZE, ceiling)
     s.setsockopt(zmq.RECONNECT_IVL, 20)
     s.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
     if conflate: s.setsockopt(zmq.CONFLATE, 1)
     s.setsockopt(zmq.SUBSCRIBE, b"")
-    local = address in ("127.0.0.1", "localhost", "::1", "")
+    local = is_local(address)
     path = _ipc_path(endpoint)
     s.connect(("ipc://" + path) if local else f"tcp://{address}:{tcp_port(endpoint)}")
-    self.sock, self.poller = s, zmq.Poller()
-    self.poller.register(s, zmq.POLLIN)
+    self.sock = s
     if local and _publisher_alive(path) and wait > 0 and s.poll(int(wait * 1000)):
-      self._recv(zmq.NOBLOCK)   # the welcome (or, if it was conflated away, nothing is lost: it came first)
+      self._pending = self._recv()   # the welcome; or, with conflate, a message that replaced it: keep that
 
-  def _recv(self, flags: int) -> bytes | None:
-    try: msg = self.sock.recv(flags, copy=True)
-    except zmq.Again: return None
-    return None if msg == WELCOME else msg
+  def _recv(self) -> bytes | None:
+    """The next queued message, skipping welcomes; None if none is queued."""
+    while True:
+      try: msg = self.sock.recv(zmq.NOBLOCK, copy=True)
+      except zmq.Again: return None
+      if len(msg) > self.max_size:
+        self.refused += 1
+        logger.warning("%s: refused a message of %d bytes (max_size %d; %d refused so far)", self.endpoint, len(msg), self.max_size, self.refused)
+      elif msg != WELCOME: return msg
+
+  def _take(self) -> bytes | None:
+    # a pending message came first; with conflate, a newer one replaces it
+    msg, self._pending = self._pending, None
+    if msg is None or self.conflate:
+      newer = self._recv()
+      if newer is not None: msg = newer
+    return msg
 
   def setTimeout(self, timeout: int | None) -> None:
     self.timeout = timeout
 
   def receive(self, non_blocking: bool = False) -> bytes | None:
     """The next message; None if non_blocking and nothing is queued, or after the timeout (ms)."""
-    if non_blocking:
-      while self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-        if (msg := self._recv(zmq.NOBLOCK)) is not None: return msg
-      return None
+    if (msg := self._take()) is not None or non_blocking: return msg
     deadline = None if self.timeout is None else time.monotonic() + self.timeout / 1000
     while True:
       left = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-      if self.sock.poll(left) and (msg := self._recv(zmq.NOBLOCK)) is not None: return msg
+      if self.sock.poll(left) and (msg := self._take()) is not None: return msg
       if deadline is not None and time.monotonic() >= deadline: return None
-
-  def fileno(self) -> int: return self.sock.getsockopt(zmq.FD)
 
   def close(self) -> None:
     if self.sock is not None: self.sock.close(0); self.sock = None
@@ -209,15 +260,23 @@ class Poller:
     self.poller.register(sock.sock, zmq.POLLIN)
 
   def poll(self, timeout: int) -> list[SubSocket]:
-    """Sockets with a message ready, waiting up to timeout ms (-1 forever) for the first one."""
-    return [self.sockets[s] for s, ev in self.poller.poll(timeout) if ev & zmq.POLLIN]
+    """The sockets with a message ready, waiting up to timeout ms (-1 forever) for the first one. A ready
+    socket's message is read ahead (so a welcome never counts as ready); receive() returns it."""
+    deadline = None if timeout < 0 else time.monotonic() + timeout / 1000
+    while True:
+      ready = [s for s in self.sockets.values() if s._pending is not None]
+      left = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+      for zs, ev in self.poller.poll(0 if ready else left):
+        if ev & zmq.POLLIN and (s := self.sockets[zs])._pending is None: s._pending = s._recv()
+      ready = [s for s in self.sockets.values() if s._pending is not None]
+      if ready or (deadline is not None and time.monotonic() >= deadline): return ready
 
 def pub_sock(endpoint: str, max_size: int = DEFAULT_MAX_SIZE) -> PubSocket:
   s = PubSocket()
   s.connect(Context(), endpoint, max_size)
   return s
 
-def sub_sock(endpoint: str, poller: Poller | None = None, addr: str = "127.0.0.1", conflate: bool = False,
+def sub_sock(endpoint: str, poller: Poller | None = None, addr: str | None = "127.0.0.1", conflate: bool = False,
              timeout: int | None = None, max_size: int = DEFAULT_MAX_SIZE) -> SubSocket:
   s = SubSocket()
   s.connect(Context(), endpoint, addr, conflate, max_size)

@@ -1,0 +1,317 @@
+"""msgq pub/sub: every guarantee of msgq/pubsub.py, with real ZMQ sockets and real processes (spawned, not forked)."""
+import hashlib, multiprocessing, os, signal, socket, stat, time
+from contextlib import contextmanager
+import pytest
+
+import msgq
+from msgq.pubsub import QUEUE_BYTES, WELCOME, _fnv1a64, _hwm, is_local
+
+CTX = multiprocessing.get_context("spawn")
+MiB = 1024 * 1024
+SMALL = 64 * 1024   # max_size of most services: the high-water mark is 1000 messages
+
+# ---- child processes ----
+
+def _publisher(endpoint: str, conn, max_size: int = msgq.DEFAULT_MAX_SIZE) -> None:
+  """A publisher driven through a pipe: ("send", [msgs]) sends them at once; ("spam", msg) sends msg every 2 ms
+  until the next command; ("readers", s) waits for a reader. Replies to every command."""
+  try: pub = msgq.pub_sock(endpoint, max_size)
+  except msgq.IpcError as e:
+    conn.send(("error", type(e).__name__)); return
+  conn.send(("up", os.getpid()))
+  while (cmd := conn.recv()) is not None:
+    op, arg = cmd
+    if op == "send":
+      for m in arg: pub.send(m)
+      conn.send("sent")
+    elif op == "spam":
+      conn.send("spamming")
+      while not conn.poll(0.002): pub.send(arg)
+    elif op == "readers": conn.send(pub.wait_for_readers(arg))
+  pub.close()
+
+def _subscriber(endpoint: str, mode: str, conn) -> None:
+  """A subscriber that reads everything ("count": on request replies (count, newest)), never reads ("idle"),
+  or reports the sizes it received ("sizes")."""
+  sock = msgq.sub_sock(endpoint, timeout=20)
+  conn.send("up")
+  if mode == "idle":
+    time.sleep(600)
+  n, last, sizes = 0, None, []
+  while True:
+    if (m := sock.receive()) is not None: n, last = n + 1, m; sizes.append(len(m))
+    if conn.poll():
+      if conn.recv() is None: return
+      conn.send((n, last) if mode == "count" else sizes)
+
+@contextmanager
+def child(target, *args, **kwargs):
+  parent_end, child_end = CTX.Pipe()
+  p = CTX.Process(target=target, args=(*args, child_end), kwargs=kwargs, daemon=True)
+  p.start()
+  try:
+    assert parent_end.poll(30), "child did not start"
+    yield p, parent_end, parent_end.recv()
+  finally:
+    if p.is_alive(): os.kill(p.pid, signal.SIGKILL)
+    p.join(5)
+
+def ask(conn, cmd, timeout: float = 10):
+  conn.send(cmd)
+  assert conn.poll(timeout), f"no reply to {cmd[0] if cmd else cmd}"
+  return conn.recv()
+
+def receive_until(sock, want: bytes, timeout: float = 5.0) -> list[bytes]:
+  """Everything received until `want` arrives (inclusive); fails after timeout."""
+  out, deadline = [], time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    if (m := sock.receive(non_blocking=True)) is not None:
+      out.append(m)
+      if m == want: return out
+    else: time.sleep(0.001)
+  raise AssertionError(f"{want!r} not received in {timeout} s (got {len(out)} others)")
+
+# ---- naming, ports, runtime directory ----
+
+def test_fnv1a64_known_vectors_and_tcp_port(monkeypatch):
+  assert _fnv1a64("") == 0xcbf29ce484222325
+  assert _fnv1a64("a") == 0xaf63dc4c8601ec8c
+  assert _fnv1a64("foobar") == 0x85944171f73967e8
+  monkeypatch.delenv("OPENPILOT_PREFIX")
+  assert msgq.tcp_port("modelV2") == 8023 + _fnv1a64("modelV2") % (65535 - 8023)   # openpilot's port
+  assert all(8023 <= msgq.tcp_port(e) < 65535 for e in ("a", "carState", "x" * 60))
+  monkeypatch.setenv("OPENPILOT_PREFIX", "other")
+  assert msgq.tcp_port("modelV2") != 8023 + _fnv1a64("modelV2") % (65535 - 8023)
+
+def test_only_127_0_0_1_is_local():
+  assert is_local("127.0.0.1") and is_local("") and is_local(None)
+  assert not any(is_local(a) for a in ("localhost", "127.0.0.2", "192.168.1.5", "::1"))
+
+def test_runtime_dir_is_private_and_per_prefix(tmp_path, monkeypatch):
+  root = tmp_path / "rt"
+  root.mkdir(mode=0o755)
+  monkeypatch.setenv("MSGQ_RUNTIME_DIR", str(root))
+  monkeypatch.setenv("OPENPILOT_PREFIX", "a")
+  a = msgq.runtime_dir()
+  monkeypatch.setenv("OPENPILOT_PREFIX", "b")
+  b = msgq.runtime_dir()
+  assert a != b and os.path.dirname(a) == os.path.dirname(b) == str(root)
+  for d in (root, a, b): assert stat.S_IMODE(os.stat(d).st_mode) == 0o700, d   # a pre-existing 0755 root is tightened
+  for bad in ("x/y", "..", "."):
+    monkeypatch.setenv("OPENPILOT_PREFIX", bad)
+    with pytest.raises(msgq.IpcError, match="OPENPILOT_PREFIX"): msgq.runtime_dir()
+
+def test_bad_endpoint_names():
+  for bad in ("", "a/b", "x" * 200):
+    with pytest.raises(msgq.IpcError, match="endpoint|too long"): msgq.pub_sock(bad)
+
+def test_prefixes_isolate_stacks(monkeypatch):
+  monkeypatch.setenv("OPENPILOT_PREFIX", "stack1-" + os.environ["OPENPILOT_PREFIX"])
+  pub1, sub1 = msgq.pub_sock("ep"), msgq.sub_sock("ep", timeout=200)
+  monkeypatch.setenv("OPENPILOT_PREFIX", "stack2-" + os.environ["OPENPILOT_PREFIX"])
+  pub2, sub2 = msgq.pub_sock("ep"), msgq.sub_sock("ep", timeout=200)   # same endpoint: no MultiplePublishersError
+  pub1.send(b"one"); pub2.send(b"two")
+  assert sub1.receive() == b"one" and sub2.receive() == b"two"
+  assert sub1.receive() is None and sub2.receive() is None   # no cross-talk
+  for s in (pub1, pub2, sub1, sub2): s.close()
+
+# ---- one publisher per endpoint ----
+
+def test_one_publisher_per_endpoint_same_process():
+  pub = msgq.pub_sock("ep")
+  with pytest.raises(msgq.MultiplePublishersError, match="ep"): msgq.pub_sock("ep")
+  pub.close()
+  pub = msgq.pub_sock("ep")   # free again once closed
+  pub.close()
+
+def test_one_publisher_per_endpoint_across_processes():
+  with child(_publisher, "ep") as (p, conn, hello):
+    assert hello[0] == "up"
+    with pytest.raises(msgq.MultiplePublishersError): msgq.pub_sock("ep")
+    os.kill(p.pid, signal.SIGKILL)   # dies holding the endpoint and leaving its socket file
+    p.join(5)
+  pub, sub = msgq.pub_sock("ep"), msgq.sub_sock("ep", timeout=1000)
+  pub.send(b"after")
+  assert sub.receive() == b"after"
+  with child(_publisher, "ep") as (_, _, hello): assert hello == ("error", "MultiplePublishersError")
+  pub.close(); sub.close()
+
+# ---- no slow-joiner loss ----
+
+def test_subscription_is_live_when_sub_sock_returns():
+  with child(_publisher, "ep") as (_, conn, _):
+    for i in range(20):   # each time a fresh subscriber; the publisher sends one message the moment it returns
+      sub = msgq.sub_sock("ep", timeout=1000)
+      msg = f"m{i}".encode()
+      assert ask(conn, ("send", [msg])) == "sent"
+      assert sub.receive() == msg, f"message sent right after sub_sock() returned was lost (try {i})"
+      sub.close()
+
+def test_subscriber_connects_to_a_later_publisher():
+  sub = msgq.sub_sock("ep", timeout=3000)   # no publisher yet: returns at once
+  with child(_publisher, "ep") as (_, conn, _):
+    assert ask(conn, ("readers", 5.0)) is True   # the subscriber connected by itself
+    assert ask(conn, ("send", [b"hello"])) == "sent"
+    assert sub.receive() == b"hello"
+  sub.close()
+
+# ---- queueing ----
+
+def test_conflate_keeps_only_the_newest():
+  sub = msgq.sub_sock("ep", conflate=True, timeout=1000, max_size=SMALL)
+  with child(_publisher, "ep", max_size=SMALL) as (_, conn, _):
+    assert ask(conn, ("readers", 5.0)) is True
+    full = msgq.sub_sock("ep", timeout=1000, max_size=SMALL)
+    assert ask(conn, ("send", [str(i).encode() for i in range(100)])) == "sent"
+    receive_until(full, b"99")   # everything has arrived
+    time.sleep(0.05)
+    assert sub.receive() == b"99"
+    assert sub.receive(non_blocking=True) is None
+  sub.close(); full.close()
+
+def test_drain_sock_raw_returns_everything_in_order():
+  with child(_publisher, "ep", max_size=SMALL) as (_, conn, _):   # a queue of 1000 messages each way
+    sub = msgq.sub_sock("ep", timeout=1000, max_size=SMALL)
+    sent = [i.to_bytes(4, "little") * (i + 1) for i in range(200)]
+    assert ask(conn, ("send", sent)) == "sent"
+    got, deadline = [], time.monotonic() + 5
+    while len(got) < len(sent) and time.monotonic() < deadline: got += msgq.drain_sock_raw(sub, wait_for_one=True)
+    assert got == sent
+    assert msgq.drain_sock_raw(sub) == []
+  sub.close()
+
+def test_receive_timeout_and_non_blocking():
+  pub, sub = msgq.pub_sock("ep"), msgq.sub_sock("ep")
+  t = time.monotonic()
+  assert sub.receive(non_blocking=True) is None
+  assert time.monotonic() - t < 0.05
+  sub.setTimeout(150)
+  t = time.monotonic()
+  assert sub.receive() is None
+  assert 0.14 <= time.monotonic() - t < 1.0
+  pub.send(b"x")
+  assert sub.receive() == b"x"
+  pub.close(); sub.close()
+
+def test_poller_wakes_on_first_message_and_returns_only_ready_sockets():
+  poller = msgq.Poller()
+  with child(_publisher, "a") as (_, ca, _), child(_publisher, "b") as (_, cb, _):
+    sa, sb = msgq.sub_sock("a", poller=poller), msgq.sub_sock("b", poller=poller)
+    sc = msgq.sub_sock("c", poller=poller)   # no publisher at all
+    t = time.monotonic()
+    assert poller.poll(100) == []
+    assert 0.09 <= time.monotonic() - t < 1.0
+    cb.send(("send", [b"B"]))
+    t = time.monotonic()
+    assert poller.poll(10000) == [sb]   # wakes on the message, long before the timeout
+    assert time.monotonic() - t < 5.0
+    assert sb.receive(non_blocking=True) == b"B" and sb.receive(non_blocking=True) is None
+    assert cb.recv() == "sent"
+    assert ask(ca, ("send", [b"A"])) == "sent" and ask(cb, ("send", [b"B2"])) == "sent"
+    deadline, ready = time.monotonic() + 5, set()
+    while len(ready) < 2 and time.monotonic() < deadline: ready |= set(poller.poll(1000))
+    assert ready == {sa, sb}
+    assert sa.receive() == b"A" and sb.receive() == b"B2"
+    assert poller.poll(0) == []
+  for s in (sa, sb, sc): s.close()
+
+# ---- slow and dead subscribers ----
+
+def _rss() -> int:
+  with open("/proc/self/status") as f:
+    return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS:"))
+
+def test_slow_or_dead_subscriber_never_blocks_the_publisher_and_memory_stays_bounded():
+  max_size, size, n = 4 * MiB, MiB, 300
+  pub = msgq.pub_sock("ep", max_size)
+  with child(_subscriber, "ep", "idle") as (_, _, _), child(_subscriber, "ep", "idle") as (stopped, _, _), \
+       child(_subscriber, "ep", "count") as (_, healthy, _):
+    os.kill(stopped.pid, signal.SIGSTOP)
+    assert pub.wait_for_readers(5)
+    template = bytearray(os.urandom(size))
+    pub.send(bytes(template))   # first allocation outside the measurement
+    before, t = _rss(), time.monotonic()
+    for i in range(n):
+      template[:4] = i.to_bytes(4, "little")
+      pub.send(template)   # a mutable buffer: copied, so every queued message is its own MiB
+    elapsed, growth = time.monotonic() - t, _rss() - before
+    # each of the three subscribers may hold at most a high-water mark of messages in the publisher
+    budget = 3 * _hwm(max_size) * size + 64 * MiB
+    assert growth <= budget, f"publisher RSS grew {growth / MiB:.0f} MiB sending {n} MiB to stalled readers (budget {budget / MiB:.0f})"
+    assert elapsed < 20, f"publisher took {elapsed:.1f} s for {n} sends: stalled readers slowed it"
+    # the publisher kept going: the healthy reader gets a message sent after all that
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+      pub.send(b"last")
+      if ask(healthy, ("?", None))[1] == b"last": break
+    else: raise AssertionError("healthy subscriber never got the last message")
+    os.kill(stopped.pid, signal.SIGCONT)
+  pub.close()
+
+# ---- sizes ----
+
+def test_large_messages_go_through_intact():
+  big = os.urandom(12 * MiB)   # larger than any service's, on an endpoint with the default max_size
+  with child(_publisher, "ep") as (_, conn, _):
+    sub = msgq.sub_sock("ep", timeout=5000)
+    assert ask(conn, ("send", [big, b"small"])) == "sent"
+    got = sub.receive()
+    assert len(got) == len(big) and hashlib.sha256(got).digest() == hashlib.sha256(big).digest()
+    assert sub.receive() == b"small"
+  sub.close()
+
+def test_publisher_refuses_messages_over_its_max_size():
+  pub = msgq.pub_sock("ep", max_size=1000)
+  pub.send(b"x" * 1000)
+  with pytest.raises(ValueError, match="1001 bytes.*max_size 1000"): pub.send(b"x" * 1001)
+  pub.close()
+
+def test_subscriber_refuses_messages_over_its_max_size():
+  with child(_publisher, "ep") as (_, conn, _):   # the publisher allows 16 MiB
+    sub = msgq.sub_sock("ep", timeout=1000, max_size=64 * 1024)
+    assert ask(conn, ("send", [b"a" * (64 * 1024 + 1), b"b" * 64 * 1024])) == "sent"
+    assert sub.receive() == b"b" * 64 * 1024   # the larger one was refused, the next one is delivered
+    assert sub.refused == 1
+    assert ask(conn, ("send", [b"c" * (12 * MiB), b"ok"])) == "sent"
+    assert sub.receive() == b"ok" and sub.refused == 2
+  sub.close()
+
+# ---- publisher restart ----
+
+def test_subscriber_survives_publisher_restart_across_processes():
+  sub = msgq.sub_sock("ep", timeout=100)
+  for gen in (b"first", b"second"):   # the second publisher starts after the first was SIGKILLed
+    with child(_publisher, "ep") as (p, conn, _):
+      assert ask(conn, ("spam", gen)) == "spamming"
+      receive_until(sub, gen)
+      os.kill(p.pid, signal.SIGKILL)
+  sub.close()
+
+def test_subscriber_survives_publisher_restart_in_same_process():
+  sub = msgq.sub_sock("ep", timeout=10)
+  for gen in (b"first", b"second", b"third"):
+    pub = msgq.pub_sock("ep")
+    deadline = time.monotonic() + 5
+    while (m := sub.receive()) != gen:
+      assert time.monotonic() < deadline, f"no message from publisher {gen!r}"
+      pub.send(gen)
+    pub.close()
+  sub.close()
+
+# ---- TCP ----
+
+def test_tcp_only_when_enabled(monkeypatch):
+  monkeypatch.delenv("MSGQ_TCP", raising=False)
+  pub = msgq.pub_sock("ep")
+  with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", msgq.tcp_port("ep")), timeout=1): pass
+  pub.close()
+
+@pytest.mark.parametrize("listen,addr", [("1", "localhost"), ("127.0.0.2", "127.0.0.2")])
+def test_remote_subscriber_over_tcp(monkeypatch, listen, addr):
+  monkeypatch.setenv("MSGQ_TCP", listen)
+  with child(_publisher, "ep") as (_, conn, _):
+    sub = msgq.sub_sock("ep", addr=addr, timeout=100)
+    assert ask(conn, ("spam", b"over tcp")) == "spamming"
+    receive_until(sub, b"over tcp")
+    conn.send(None)
+    sub.close()
