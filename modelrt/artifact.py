@@ -188,16 +188,18 @@ def load_artifact(path: str | os.PathLike, family: str, device: str | None = Non
   if not isinstance(m, dict) or m.get('format') != FORMAT_VERSION:
     raise bad(f"format version {m.get('format') if isinstance(m, dict) else None!r}, this loader reads {FORMAT_VERSION}")
   if m.get('family') != family: raise bad(f"holds family {m.get('family')!r}, expected {family!r}")
-  if m['tinygrad'] != (tv := tinygrad_version()): raise bad(f"built with tinygrad {m['tinygrad']}, this is tinygrad {tv}")
-  here = target(device or Device.DEFAULT)
-  if m['target']['device'] != here['device']: raise bad(f"built for device {m['target']['device']}, this process uses {here['device']}")
-  if m['target']['arch'] != here['arch']: raise bad(f"built for {here['device']} arch {m['target']['arch']}, this one is {here['arch']}")
-  if missing := sorted(set(m['target']['cpu_features']) - set(here['cpu_features'])):
-    raise bad(f"compiled for CPU instruction-set features this machine lacks: {' '.join(missing)}")
-  model_files = {m['jits'][k][f] for k in MODELS[family] for f in ('file', 'weights')}
-  for fn, digest in m['files'].items():
-    if not (d / fn).is_file(): raise bad(f"{fn} is missing")
-    if fn not in model_files and sha256_file(d / fn) != digest: raise bad(f"{fn} does not match its sha256 in the manifest")
+  try:
+    if m['tinygrad'] != (tv := tinygrad_version()): raise bad(f"built with tinygrad {m['tinygrad']}, this is tinygrad {tv}")
+    here = target(device or Device.DEFAULT)
+    if m['target']['device'] != here['device']: raise bad(f"built for device {m['target']['device']}, this process uses {here['device']}")
+    if m['target']['arch'] != here['arch']: raise bad(f"built for {here['device']} arch {m['target']['arch']}, this one is {here['arch']}")
+    if missing := sorted(set(m['target']['cpu_features']) - set(here['cpu_features'])):
+      raise bad(f"compiled for CPU instruction-set features this machine lacks: {' '.join(missing)}")
+    model_files = {m['jits'][k][f] for k in MODELS[family] for f in ('file', 'weights')}
+    for fn, digest in m['files'].items():
+      if not (d / fn).is_file(): raise bad(f"{fn} is missing")
+      if fn not in model_files and sha256_file(d / fn) != digest: raise bad(f"{fn} does not match its sha256 in the manifest")
+  except (KeyError, TypeError) as e: raise bad(f"{MANIFEST} is incomplete ({type(e).__name__}: {e})") from None
   art = Artifact(d, family, m)
   art.models = {k: art.load_jit(k) for k in MODELS[family]}
   return art

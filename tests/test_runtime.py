@@ -85,6 +85,7 @@ def _edit_manifest(d, fn):
   (lambda m: m['target'].update(arch='x86_64,znver9'), "arch x86_64,znver9"),
   (lambda m: m['target']['cpu_features'].append('avx512_imaginary'), "instruction-set features this machine lacks: avx512_imaginary"),
   (lambda m: m.update(family='dm'), "holds family 'dm', expected 'road'"),
+  (lambda m: m.pop('target'), "manifest.json is incomplete (KeyError: 'target')"),
 ])
 def test_loader_refuses_other_builds_with_the_rebuild_command(copy, edit, msg):
   _edit_manifest(copy, edit)
