@@ -67,10 +67,14 @@ def ridge(Y: Tensor) -> Tensor:
   return Tensor.stack(*[Y - mean(-g - w + 1, w).maximum(mean(g, w)) for g, w in RIDGE_SCALES]).max(0)
 
 def paint_weight(Y: Tensor) -> Tensor:
-  """Per-pixel paint evidence >= 0: ridge above a threshold set by the strongest paint in the near rows."""
+  """Per-pixel paint evidence >= 0: a ridge above a threshold set by the strongest paint in the near rows, on a
+  pixel clearly brighter than the road. The brightness gate keeps out road pixels between dark ones (the jagged
+  bottom edge of a lead, where a ridge detector alone sees a bright stripe)."""
   E = ridge(Y)
-  thr = (E[_row(25.0):].max() * 0.35).maximum(12.0)
-  return (E - thr).relu()
+  near = slice(_row(25.0), None)
+  top = E[near].max()
+  road = Y[_row(9.0):_row(6.0)].mean()
+  return (E - (top * 0.35).maximum(12.0)).relu() * (Y > road + 0.4 * top).float()
 
 def _solve3(A: list[list[Tensor]], b: list[Tensor]) -> list[Tensor]:
   """Cramer's rule for a batch of symmetric 3x3 systems (entries are same-shaped tensors)."""
@@ -130,10 +134,12 @@ def refine(w: Tensor, coef: Tensor, xs: Tensor, ppm: Tensor, x_max: float, half:
   q = ((e > EVIDENCE_MIN) & (xs <= x_max)[None]).float()
   return fit(y, q, xs, quadratic=True), y, q, e
 
-def detect_lines(w: Tensor, xs: Tensor, ppm: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-  """Fits (4, 3) of left adjacent, ego left, ego right, right adjacent; per-row centroids and weights (4, R)."""
+def detect_lines(w: Tensor, w_old: Tensor, xs: Tensor, ppm: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+  """Fits (4, 3) of left adjacent, ego left, ego right, right adjacent; per-row centroids and weights (4, R).
+  The seeds look at the paint of both frames: a dash gap in the newest frame (or a lead hiding the rest) is
+  often a dash in the older one, 0.2 s of driving away, at almost the same lateral position."""
   b = slice(_row(25.0), _row(6.0))
-  wb, xb, pb = w[b], xs[b], ppm[b]
+  wb, xb, pb = w[b].maximum(w_old[b]), xs[b], ppm[b]
   zero = xb * 0
   ego = Tensor.cat(seed(wb, xb, pb, zero, -1, 1.5), seed(wb, xb, pb, zero, 1, 1.5))
   ego = refine(w, ego, xs, ppm, 35.0, (0.5, 0.015))[0]
@@ -231,7 +237,7 @@ def vision_fn(C: dict[str, Tensor]):
     xs, ppm = _rows()
     Yn, Yo = y_plane(img, 1), y_plane(img, 0)
     wn, wo = paint_weight(Yn), paint_weight(Yo)
-    coef, y, q = detect_lines(wn, xs, ppm)
+    coef, y, q = detect_lines(wn, wo, xs, ppm)
     mean, std, logit = line_stats(coef, y, q, xs, C['X'])
     # ego speed from the dash pattern along the ego lines in both frames
     _, e_new = window_centroids(wn, evaluate(coef[1:3], xs), 0.3 + 0.003 * xs, ppm)
