@@ -28,6 +28,18 @@ def fields(bindir: Path, envfile: str, user: str | None) -> dict[str, str | None
   protect_home = 'read-only' if any(str(bindir) == r or str(bindir).startswith(r + '/') for r in HOME_ROOTS) else 'yes'
   return {'BINDIR': str(bindir), 'ENVFILE': envfile, 'USER': user, 'PROTECT_HOME': protect_home}
 
+def unreachable(path: Path, user: str | None) -> Path | None:
+  """The first folder on the way to `path` that the services cannot enter: they run as `user` (or as root without
+  capabilities, CapabilityBoundingSet= is empty, so root gets no override of permissions either)."""
+  import grp, pwd
+  pw = pwd.getpwnam(user) if user else pwd.getpwuid(0)
+  groups = {pw.pw_gid} | {g.gr_gid for g in grp.getgrall() if pw.pw_name in g.gr_mem}
+  for d in [*reversed(path.parents), path]:
+    st = d.stat()
+    bit = 0o100 if st.st_uid == pw.pw_uid else 0o010 if st.st_gid in groups else 0o001
+    if not st.st_mode & bit: return d
+  return None
+
 def main(argv: list[str] | None = None) -> int:
   p = argparse.ArgumentParser(prog='install.py', description='Install the systemd units of camerad, modeld and dmonitoringd.')
   p.add_argument('--bindir', type=Path, default=Path(sys.executable).parent, help='folder of the console scripts (default: this Python\'s)')
@@ -42,6 +54,12 @@ def main(argv: list[str] | None = None) -> int:
   if missing: p.error(f"{', '.join(missing)} not found in {bindir}: run `make setup` first (or give --bindir)")
   for name, path in (('--unitdir', args.unitdir), ('--envfile', args.envfile)):
     if not os.path.isabs(path): p.error(f"{name}: expected an absolute path, got {path!r}")
+  try:   # a staged install (--destdir) is for another root: its users and folders are not this machine's
+    if not args.destdir and (d := unreachable(bindir, args.user or None)) is not None:
+      print(f"warning: {d} is not searchable by {args.user or 'root without capabilities'}: the services cannot reach {bindir}; "
+            f"allow it (chmod o+x {d}) or keep the checkout elsewhere", file=sys.stderr)
+  except KeyError:
+    p.error(f"--user: no user {args.user!r} on this machine (create it first, e.g. useradd --system {args.user})")
   root = Path(args.destdir or '/')
   unitdir, envfile = root / args.unitdir.lstrip('/'), root / args.envfile.lstrip('/')
   f = fields(bindir, args.envfile, args.user or None)

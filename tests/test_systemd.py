@@ -1,0 +1,180 @@
+"""systemd units: the installer fills the templates, every unit passes `systemd-analyze verify`, the environment
+file's options reach the daemons' command lines, and the daemons accept them."""
+import importlib.util, json, os, re, shlex, shutil, signal, subprocess, sys, tempfile
+from pathlib import Path
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BINDIR = Path(sys.executable).parent   # the venv's console scripts (installed by `make setup`)
+UNITS = ('camerad.service', 'modeld.service', 'dmonitoringd.service', 'modeld.target')
+SERVICES = UNITS[:3]
+
+spec = importlib.util.spec_from_file_location('systemd_install', REPO / 'systemd' / 'install.py')
+install = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(install)
+
+def run_install(destdir: Path, *args: str) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, str(REPO / 'systemd' / 'install.py'), '--bindir', str(BINDIR), '--destdir', str(destdir), *args],
+                        capture_output=True, text=True, timeout=60)
+
+@pytest.fixture(scope='module')
+def staged(tmp_path_factory) -> Path:
+  root = tmp_path_factory.mktemp('root')
+  r = run_install(root)
+  assert r.returncode == 0, r.stderr
+  return root
+
+def unit_text(root: Path, unit: str) -> str: return (root / 'etc/systemd/system' / unit).read_text()
+
+def directives(text: str) -> dict[str, list[str]]:
+  out: dict[str, list[str]] = {}
+  for line in text.splitlines():
+    if '=' in line and not line.startswith(('#', '[')):
+      k, v = line.split('=', 1)
+      out.setdefault(k, []).append(v)
+  return out
+
+def test_install_layout(staged):
+  assert sorted(p.name for p in (staged / 'etc/systemd/system').iterdir()) == sorted(UNITS)
+  assert (staged / 'etc/default/modeld').read_text() == (REPO / 'systemd/modeld.env').read_text()
+
+@pytest.mark.skipif(shutil.which('systemd-analyze') is None, reason='systemd-analyze is not installed')
+@pytest.mark.parametrize('user', ['', 'modeld'])
+def test_systemd_analyze_verify(tmp_path, user):
+  r = run_install(tmp_path, *(['--user', user] if user else []))
+  assert r.returncode == 0, r.stderr
+  unitdir = tmp_path / 'etc/systemd/system'
+  for unit in UNITS:
+    # verify exits 0 on mere warnings (an unknown key, an unparsable value): a clean unit prints nothing at all
+    v = subprocess.run(['systemd-analyze', 'verify', '--man=no', str(unitdir / unit)], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, 'SYSTEMD_UNIT_PATH': f"{unitdir}:"})
+    assert v.returncode == 0 and v.stdout + v.stderr == '', f"{unit}:\n{v.stdout}{v.stderr}"
+
+@pytest.mark.skipif(shutil.which('systemd-analyze') is None, reason='systemd-analyze is not installed')
+def test_verify_catches_a_broken_unit(staged, tmp_path):
+  """The check above can fail: a wrong value, a missing binary."""
+  text = unit_text(staged, 'modeld.service')
+  for bad in (text.replace('WatchdogSec=10', 'WatchdogSec=ten'), text.replace(f"{BINDIR}/modeld ", f"{BINDIR}/no-such-modeld ")):
+    (tmp_path / 'modeld.service').write_text(bad)
+    v = subprocess.run(['systemd-analyze', 'verify', '--man=no', str(tmp_path / 'modeld.service')], capture_output=True, text=True, timeout=60)
+    assert v.returncode != 0 or v.stderr, bad
+
+@pytest.mark.skipif(shutil.which('systemd-analyze') is None, reason='systemd-analyze is not installed')
+def test_security_exposure(staged):
+  for unit in SERVICES:
+    r = subprocess.run(['systemd-analyze', 'security', '--offline=true', '--no-pager', str(staged / 'etc/systemd/system' / unit)],
+                       capture_output=True, text=True, timeout=60)
+    m = re.search(r'Overall exposure level for \S+: ([\d.]+)', r.stdout)
+    assert m, r.stdout[-2000:] + r.stderr
+    assert float(m.group(1)) < 3.0, m.group(0)
+
+def test_template_fields(staged, tmp_path):
+  for unit in SERVICES:
+    text, daemon = unit_text(staged, unit), unit.split('.')[0]
+    d = directives(text)
+    assert not re.search(r'@[A-Z_]+@', text)
+    exe = shlex.split(d['ExecStart'][0])[0]
+    assert exe == str(BINDIR / daemon) and os.access(exe, os.X_OK)
+    assert d['EnvironmentFile'] == ['/etc/default/modeld']   # the path on the target, without DESTDIR
+    assert d['ProtectHome'] == ['yes'] and 'User' not in d
+    assert d['Type'] == ['notify'] and d['MemoryDenyWriteExecute'] == ['no']
+  r = run_install(tmp_path, '--user', 'nobody', '--envfile', '/etc/modeld.conf', '--unitdir', '/usr/lib/systemd/system')
+  assert r.returncode == 0, r.stderr
+  d = directives((tmp_path / 'usr/lib/systemd/system/modeld.service').read_text())
+  assert d['User'] == ['nobody'] and d['EnvironmentFile'] == ['/etc/modeld.conf'] and (tmp_path / 'etc/modeld.conf').is_file()
+  # a venv under a home directory stays readable to the services
+  assert install.fields(Path('/home/u/tinymodeld/.venv/bin'), '/e', None)['PROTECT_HOME'] == 'read-only'
+  assert install.fields(Path('/homework/.venv/bin'), '/e', None)['PROTECT_HOME'] == 'yes'
+  with pytest.raises(ValueError, match='@NOPE@'): install.render('X=@NOPE@\n', {})
+
+def test_sandbox_block_identical(staged):
+  blocks = [re.search(r'# --- sandbox.*?# --- end of sandbox', unit_text(staged, u), re.S).group(0) for u in SERVICES]
+  assert blocks[0] == blocks[1] == blocks[2]
+  assert 'RuntimeDirectoryPreserve=yes' in blocks[0] and 'MSGQ_RUNTIME_DIR=%t/modeld' in blocks[0]
+
+def test_env_file_kept(tmp_path):
+  env = tmp_path / 'etc/default/modeld'
+  env.parent.mkdir(parents=True)
+  env.write_text('ARTIFACTS=/srv/mine\n')
+  r = run_install(tmp_path)
+  assert r.returncode == 0 and 'kept' in r.stdout
+  assert env.read_text() == 'ARTIFACTS=/srv/mine\n'
+
+def test_installer_errors(tmp_path):
+  r = subprocess.run([sys.executable, str(REPO / 'systemd/install.py'), '--bindir', str(tmp_path), '--destdir', str(tmp_path)], capture_output=True, text=True)
+  assert r.returncode == 2 and 'make setup' in r.stderr
+  r = subprocess.run([sys.executable, str(REPO / 'systemd/install.py'), '--bindir', str(BINDIR), '--envfile', 'rel/path', '--destdir', str(tmp_path)],
+                     capture_output=True, text=True)
+  assert r.returncode == 2 and 'absolute' in r.stderr
+
+@pytest.mark.skipif(os.geteuid() != 0, reason='chown to another user needs root')
+def test_unreachable(tmp_path):
+  """A home directory of mode 0750 owned by someone else stops the services (root without capabilities included)."""
+  home = tmp_path / 'home' / 'user'
+  (home / 'venv').mkdir(parents=True)
+  assert install.unreachable(home / 'venv', None) is None
+  os.chown(home, 12345, 12345)
+  home.chmod(0o750)
+  assert install.unreachable(home / 'venv', None) == home
+  home.chmod(0o751)
+  assert install.unreachable(home / 'venv', None) is None
+
+def test_make_target_passes_variables():
+  r = subprocess.run(['make', '-n', '-C', str(REPO), 'install-services', 'DESTDIR=/tmp/stage', 'SERVICE_USER=modeld'], capture_output=True, text=True)
+  assert r.returncode == 0, r.stderr
+  line = next(l for l in r.stdout.splitlines() if 'systemd/install.py' in l)
+  args = shlex.split(line)
+  assert args[args.index('--bindir') + 1] == str(REPO / '.venv/bin')
+  assert args[args.index('--destdir') + 1] == '/tmp/stage' and args[args.index('--user') + 1] == 'modeld'
+
+# ---- the environment file reaches the command line (systemd's rules: EnvironmentFile= lines are KEY=VALUE without
+# expansion; in ExecStart= "${KEY}" is one argument and "$KEY" splits at whitespace, an empty one vanishing)
+
+def read_env_file(text: str) -> dict[str, str]:
+  env = {}
+  for line in text.splitlines():
+    line = line.strip()
+    if not line or line[0] in '#;': continue
+    k, v = line.split('=', 1)
+    env[k.strip()] = v.strip().strip('"')
+  return env
+
+def exec_start(text: str, env: dict[str, str]) -> list[str]:
+  argv = []
+  for word in shlex.split(directives(text)['ExecStart'][0]):
+    if m := re.fullmatch(r'\$\{(\w+)\}', word): argv.append(env.get(m.group(1), ''))
+    elif m := re.fullmatch(r'\$(\w+)', word): argv += env.get(m.group(1), '').split()
+    else: argv.append(word)
+  return argv
+
+def test_env_file_reaches_command_line(staged, tmp_path):
+  env = read_env_file((staged / 'etc/default/modeld').read_text())
+  assert exec_start(unit_text(staged, 'camerad.service'), env)[1:] == ['--source', 'synthetic:straight', '--loop']
+  assert exec_start(unit_text(staged, 'modeld.service'), env)[1:] == ['--artifacts', '/var/lib/modeld/artifacts']
+  # a user's edits, as in /etc/default/modeld
+  scene = tmp_path / 'tiny.json'
+  scene.write_text(json.dumps({'frames': 3, 'intrinsics': {c: {'width': 64, 'height': 48, 'focal_length': 80.0} for c in ('road', 'wide', 'driver')}}))
+  prefix = os.environ['OPENPILOT_PREFIX']
+  (tmp_path / 'modeld').write_text(f"ARTIFACTS={tmp_path}/my artifacts\nCAMERA_SOURCE=synthetic:{scene}\n"
+                                   f"CAMERAD_ARGS=--fps 100 --cameras road\nMODELD_ARGS=--sensor os04c10 --camera-server cam2\n"
+                                   f"DEV=CPU\nOPENPILOT_PREFIX={prefix}\n")
+  env = read_env_file((tmp_path / 'modeld').read_text())
+  run_dir = tempfile.mkdtemp(prefix='msgq')   # stands for %t/modeld, which the unit sets; short: unix socket paths are
+  proc_env = {**os.environ, **env, 'MSGQ_RUNTIME_DIR': run_dir}
+  cam = exec_start(unit_text(staged, 'camerad.service'), env)
+  assert cam[1:] == ['--source', f'synthetic:{scene}', '--fps', '100', '--cameras', 'road']
+  r = subprocess.run(cam, env=proc_env, capture_output=True, text=True, timeout=60)
+  assert r.returncode == 0, r.stderr   # served the 3 frames of the scene and ended
+  md = exec_start(unit_text(staged, 'modeld.service'), env)
+  assert md[1:] == ['--artifacts', f'{tmp_path}/my artifacts', '--sensor', 'os04c10', '--camera-server', 'cam2']
+  # modeld accepts them: it starts waiting for camera server cam2 (no usage error), and stops cleanly on SIGTERM
+  p = subprocess.Popen(md, env=proc_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  try:
+    seen = ''
+    while 'cam2' not in seen and (line := p.stdout.readline()): seen += line
+    assert "waiting for camera server 'cam2'" in seen, seen
+  finally:
+    p.send_signal(signal.SIGTERM)
+    out = p.communicate(timeout=30)[0]
+  assert p.returncode == 0, out
+  shutil.rmtree(run_dir)
