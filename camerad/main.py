@@ -116,9 +116,8 @@ class LockstepTimeout(Exception): pass
 class Lockstep:
   """Waits for the daemons' outputs (frameId == the frame just sent) before the next frame is sent."""
   def __init__(self, services: list[str] | None, streams, timeout: float, stop: StopFlag):
-    self.explicit, self.timeout, self.stop = services, timeout, stop
-    self.socks = {s: messaging.sub_sock(s, timeout=100) for s in self.services_for(streams)}   # not conflated: no answer is missed
-    if not self.socks: raise SourceError("--lockstep: the source serves no camera stream, nothing to wait for")
+    self.explicit, self.timeout, self.stop, self.socks = services, timeout, stop, {}
+    if not self.services_for(streams): raise SourceError("--lockstep: the source serves no camera stream, nothing to wait for")
 
   def services_for(self, streams) -> list[str]:
     """What answers a frame of these streams: modeld (road, wide) and dmonitoringd (driver), unless given."""
@@ -132,6 +131,9 @@ class Lockstep:
         missing = [CAMERA_OF[s] for s in streams if not _has_reader(server, s)]
         raise LockstepTimeout(f"--lockstep: no VisionIPC client for {', '.join(missing)} within {self.timeout:g} s: is the daemon running?")
       time.sleep(0.01)
+    # subscribe now: a daemon's publisher is normally up once its camera client is, and a subscription to a running
+    # publisher is live when sub_sock returns, so the answer to the first frame cannot slip by while connecting
+    self.socks = {s: messaging.sub_sock(s, timeout=100) for s in self.services_for(streams)}   # not conflated: no answer is missed
 
   def wait(self, frame_id: int, services: list[str]) -> None:
     deadline = time.monotonic() + self.timeout
@@ -191,7 +193,9 @@ def run(args, source: Source, server: VisionIpcServer, pm, lock, layouts: dict, 
     for tick in source.ticks(args.start):
       if stop: break
       pacer.wait(tick)
-      for svc, dat in tick.msgs: pm.send(svc, dat)
+      for svc, dat in tick.msgs:
+        if not isinstance(dat, bytes): dat.logMonoTime = time.monotonic_ns()   # built ahead of pacing: stamp when sent
+        pm.send(svc, dat)
       if not tick.frames: continue
       frame_id = tick.index + offset if not args.lockstep or last_id is None else last_id + 1
       sof, bufs = time.monotonic_ns(), {}

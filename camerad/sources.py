@@ -260,28 +260,31 @@ class LogSource(Source):
       return f if f is not None and f.pts == frame_id else None
 
     # messages before the first frame go out with it (the newest of each service), not at their recorded pace
-    tick, early = None, {} if self.streams else None
+    tick, after, early = None, [], {} if self.streams else None
+    def flush() -> Iterator[Tick]:
+      if tick is not None: yield tick
+      if after: yield Tick(-1, after[0][0], msgs=[m for _, m in after])
     for dat, ev in LogReader(self.path).raw():
-      w = ev.which()
+      w, t = ev.which(), ev.logMonoTime / 1e9
       if (stream := STATE_STREAM.get(w)) in self.streams:
         st = getattr(ev, w)
         if st.frameId < start: continue
-        if tick is not None and (tick.index != st.frameId or stream in tick.frames):
-          yield tick
-          tick = None
+        if tick is not None and (tick.index != st.frameId or stream in tick.frames or after):
+          yield from flush()
+          tick, after = None, []
         if (f := frame_for(stream, st.frameId)) is None:
           self.skipped[f"{CAMERA_OF[stream]} frame missing from the video"] += 1
           continue
         if tick is None:
-          tick = Tick(st.frameId, ev.logMonoTime / 1e9, msgs=list((early or {}).items()))
+          tick = Tick(st.frameId, t, msgs=list((early or {}).items()))
           early = None
         tick.frames[stream] = lambda out, layout, f=f: fill_frame(f, out, layout)
         tick.states[stream] = st
       elif w in self.replay:
         if early is not None: early[w] = dat
-        elif tick is not None: tick.msgs.append((w, dat))   # between the streams of one frame: goes with it
-        else: yield Tick(-1, ev.logMonoTime / 1e9, msgs=[(w, dat)])
-    if tick is not None: yield tick
+        elif tick is not None: after.append((t, (w, dat)))   # goes right after the frame it follows
+        else: yield Tick(-1, t, msgs=[(w, dat)])
+    yield from flush()
 
 # ---- --source parsing
 def open_source(specs: list[str], cameras: list[str] | None = None, services: list[str] | None = None) -> Source:

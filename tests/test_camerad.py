@@ -1,0 +1,301 @@
+"""camerad as a real process: frames through real VisionIPC shared memory, camera states over real pub/sub.
+
+The test process is the consumer a daemon would be: VisionIpcClients read the frames, and in --lockstep it answers
+each frame with modelV2 / driverStateV2 carrying the frame id, as modeld and dmonitoringd do."""
+import json, os, signal, socket, stat, subprocess, sys, time
+from pathlib import Path
+import av
+import numpy as np
+import pytest
+from cereal import messaging
+from cereal.services import CAMERA_STATE_SERVICES
+from msgq import runtime_dir
+from msgq.visionipc import DRIVER, ROAD, WIDE_ROAD, NV12Layout, VisionIpcClient
+from camerad.render import SceneRenderer, nv12_planes
+from camerad.scene import load_scene
+from tools.logreader import LogReader, segment_dirs
+
+ROOT = Path(__file__).resolve().parents[1]
+CAMS = {ROAD: "road", WIDE_ROAD: "wide", DRIVER: "driver"}
+# tiny cameras keep rendering cheap; the driver camera has its own size so per-stream layouts are exercised
+TINY = {"name": "tiny", "frames": 10, "calib": [0.01, 0.02, -0.015], "lead": {"distance": 30.0},
+        "intrinsics": {"road": {"width": 192, "height": 120, "focal_length": 265.0},
+                       "wide": {"width": 192, "height": 120, "focal_length": 60.0},
+                       "driver": {"width": 160, "height": 96, "focal_length": 60.0}}}
+
+@pytest.fixture(scope="module")
+def scene_file(tmp_path_factory) -> Path:
+  p = tmp_path_factory.mktemp("scene") / "tiny.json"
+  p.write_text(json.dumps(TINY))
+  return p
+
+def spawn(module: str, *args: str) -> subprocess.Popen:
+  return subprocess.Popen([sys.executable, "-m", module, *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+
+def finish(p: subprocess.Popen, timeout: float = 20) -> tuple[int, str]:
+  try: _, err = p.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    p.kill()
+    _, err = p.communicate()
+    pytest.fail(f"{p.args} did not exit within {timeout} s; stderr:\n{err}")
+  return p.returncode, err
+
+def camerad(*args: str) -> subprocess.Popen: return spawn("camerad", *args)
+
+def wait_for_server(p: subprocess.Popen, name: str = "camerad", timeout: float = 20) -> set[int]:
+  deadline = time.monotonic() + timeout
+  while not (streams := VisionIpcClient.available_streams(name, block=False)):
+    if p.poll() is not None: pytest.fail(f"camerad exited with {p.returncode}: {p.communicate()[1]}")
+    if time.monotonic() > deadline: pytest.fail("camerad's VisionIPC server did not come up")
+    time.sleep(0.02)
+  return streams
+
+def connect(streams) -> dict[int, VisionIpcClient]:
+  clients = {s: VisionIpcClient("camerad", s, conflate=False) for s in streams}
+  for c in clients.values(): assert c.connect(blocking=False)
+  return clients
+
+def lockstep_frames(p: subprocess.Popen, streams: list[int], answer: list[str], on_frame) -> list[int]:
+  """Like a daemon: publish the answer services, connect to the streams, then receive each stream's next frame, check
+  it (on_frame(stream, buf)) and answer with its frame id; until camerad exits."""
+  pm, ids = messaging.PubMaster(answer), []
+  clients = connect(streams)
+  try:
+    while True:
+      bufs = {}
+      for s, c in clients.items():
+        while (buf := c.recv(200)) is None:
+          if p.poll() is not None: return ids
+        bufs[s] = buf
+      assert len({b.frame_id for b in bufs.values()}) == 1, f"streams disagree on the frame id: {[b.frame_id for b in bufs.values()]}"
+      for s, buf in bufs.items():
+        on_frame(s, buf)
+        assert not buf.overwritten(), f"{CAMS[s]} frame {buf.frame_id} was overwritten while checked (lockstep must prevent it)"
+      ids.append(buf.frame_id)
+      del buf, bufs
+      for svc in answer:
+        msg = messaging.new_message(svc)
+        getattr(msg, svc).frameId = ids[-1]
+        pm.send(svc, msg)
+  finally:
+    pm.close()
+    for c in clients.values(): c.close()
+
+def planes_equal(buf, ref: np.ndarray) -> bool:
+  got = nv12_planes(np.frombuffer(buf.data, np.uint8).copy(), buf.layout)
+  return all(np.array_equal(a, b) for a, b in zip(got, nv12_planes(ref, buf.layout)))
+
+def test_help_explains_every_option():
+  out = subprocess.run([sys.executable, "-m", "camerad", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+  assert out.returncode == 0
+  for opt in ("--source", "--name", "--cameras", "--services", "--fps", "--lockstep", "--lockstep-services", "--lockstep-timeout",
+              "--loop", "--start", "--frames", "--layout", "--buffers", "synthetic:SCENE", "[CAM=]FILE", "/dev/videoN", "LOG"):
+    assert opt in out.stdout, opt
+
+def test_synthetic_lockstep_pixel_exact_with_states(scene_file):
+  """Every frame of every stream, in order, equals SceneRenderer's output for that frame in the aligned layout; the
+  camera states carry the same frame id and timestamps; calibration and carState come from the scene."""
+  scene = load_scene(scene_file)
+  p = camerad("--source", f"synthetic:{scene_file}", "--lockstep", "--layout", "aligned", "--lockstep-timeout", "10")
+  try:
+    assert wait_for_server(p) == {ROAD, WIDE_ROAD, DRIVER}
+    # subscribe before the clients connect: lockstep starts sending once every stream has a client
+    states = {s: messaging.sub_sock(svc, timeout=2000) for s, svc in CAMERA_STATE_SERVICES.items()}
+    cal, car = messaging.sub_sock("liveCalibration", timeout=2000), messaging.sub_sock("carState", timeout=2000)
+    refs = {}
+    def check(s, buf):
+      cam = scene.cameras[CAMS[s]]
+      assert buf.layout == NV12Layout.aligned(cam.width, cam.height) and buf.stride % 128 == 0
+      if s not in refs: refs[s] = SceneRenderer(scene, CAMS[s], buf.layout)
+      assert planes_equal(buf, refs[s].render(buf.frame_id)), f"{CAMS[s]} frame {buf.frame_id} differs from the renderer"
+      st = getattr(messaging.recv_one(states[s]), CAMERA_STATE_SERVICES[s])
+      assert (st.frameId, st.timestampSof, st.timestampEof) == (buf.frame_id, buf.timestamp_sof, buf.timestamp_eof)
+      assert 0 < st.timestampSof <= st.timestampEof <= time.monotonic_ns()
+      assert (st.width, st.height, str(st.sensor)) == (buf.width, buf.height, "ar0231")
+    ids = lockstep_frames(p, [ROAD, WIDE_ROAD, DRIVER], ["modelV2", "driverStateV2"], check)
+    assert ids == list(range(scene.n_frames))
+    rc, err = finish(p)
+    assert rc == 0, err
+    assert f"served {scene.n_frames} frames" in err
+    c = messaging.recv_one(cal).liveCalibration
+    assert str(c.calStatus) == "calibrated" and np.allclose(list(c.rpyCalib), scene.calib, atol=1e-7)
+    cars = messaging.drain_sock(car)
+    assert [round(m.carState.vEgo, 3) for m in cars] == [round(scene.truth(i)["v_ego"], 3) for i in range(scene.n_frames)]
+  finally:
+    if p.poll() is None: p.kill()
+
+def test_real_time_explicit_layout_and_frames(scene_file):
+  """Paced by --fps, one camera, a padded layout given as WxH:stride:uv_offset:size; --frames N then exit 0."""
+  scene, layout = load_scene(scene_file), NV12Layout(192, 120, 256, 256 * 128, 256 * 128 + 256 * 64)
+  p = camerad("--source", f"synthetic:{scene_file}", "--cameras", "road", "--fps", "20", "--frames", "16", "--loop", "--layout", str(layout))
+  try:
+    assert wait_for_server(p) == {ROAD}
+    (client,) = connect([ROAD]).values()
+    assert client.layout == layout
+    r, got, t = SceneRenderer(scene, "road", layout), [], []
+    while (buf := client.recv(2000)) is not None:
+      assert planes_equal(buf, r.render(buf.frame_id % scene.n_frames)) and not buf.overwritten()
+      got.append(buf.frame_id)
+      t.append(buf.timestamp_sof)
+      del buf
+    rc, err = finish(p)
+    assert rc == 0, err
+    assert got and got == list(range(got[0], 16)) and len(got) >= 8, got   # --loop keeps ids increasing past the scene
+    assert all(np.diff(t) > 0)
+  finally:
+    if p.poll() is None: p.kill()
+
+def test_lockstep_without_daemon_is_a_clear_error(scene_file):
+  p = camerad("--source", f"synthetic:{scene_file}", "--cameras", "road", "--lockstep", "--lockstep-timeout", "1")
+  rc, err = finish(p)
+  assert rc == 1 and "no VisionIPC client for road within 1 s" in err, err
+  p = camerad("--source", f"synthetic:{scene_file}", "--cameras", "road", "--lockstep", "--lockstep-timeout", "1")
+  try:
+    wait_for_server(p)
+    (client,) = connect([ROAD]).values()   # a client, but nobody answers
+    rc, err = finish(p)
+    assert rc == 1 and "no modelV2 for frame 0 within 1 s" in err, err
+    client.close()
+  finally:
+    if p.poll() is None: p.kill()
+
+def _sockets() -> set[str]:
+  d = runtime_dir()
+  return {f for f in os.listdir(d) if stat.S_ISSOCK(os.lstat(os.path.join(d, f)).st_mode)}
+
+def test_sigterm_exits_clean(scene_file):
+  shm = set(os.listdir("/dev/shm"))
+  p = camerad("--source", f"synthetic:{scene_file}", "--loop")
+  try:
+    wait_for_server(p)
+    (client,) = connect([DRIVER]).values()
+    assert client.recv(5000) is not None
+    assert _sockets(), "camerad's sockets should exist while it runs"
+    p.send_signal(signal.SIGTERM)
+    rc, err = finish(p, 10)
+    assert rc == 0, err
+    client.close()
+    assert _sockets() == set(), f"left behind: {_sockets()}"
+    assert set(os.listdir("/dev/shm")) - shm == set()
+  finally:
+    if p.poll() is None: p.kill()
+
+# ---- video files
+def make_video(path: Path, codec: str, n: int = 12, w: int = 160, h: int = 96, fmt: str | None = None, phase: int = 0) -> Path:
+  c = av.open(str(path), "w", format=fmt)
+  st = c.add_stream(codec, rate=20)
+  st.width, st.height, st.pix_fmt = w, h, "yuv420p"
+  if codec == "libx265": st.codec_context.options = {"x265-params": "log-level=error"}
+  x = np.arange(w)[None, :] + 2 * np.arange(h)[:, None]
+  for i in range(n):
+    img = np.stack([(3 * x + 10 * i + phase) % 256, (x + 40 * i) % 256, (2 * x + phase) % 256], -1).astype(np.uint8)
+    for pk in st.encode(av.VideoFrame.from_ndarray(img, format="rgb24")): c.mux(pk)
+  for pk in st.encode(): c.mux(pk)
+  c.close()
+  return path
+
+def reference_nv12(path: Path) -> list[np.ndarray]:
+  with av.open(str(path)) as c: return [f.to_ndarray(format="nv12") for f in c.decode(video=0)]
+
+def _has_encoder(name: str) -> bool:
+  try: av.codec.Codec(name, "w")
+  except Exception: return False
+  return True
+
+@pytest.mark.parametrize("wide", ["hevc", "ts"])
+def test_video_files_decoded_into_buffers(tmp_path, wide):
+  """An H.264 mp4 on road and a raw .hevc (or an MPEG-TS) on wide, decoded into aligned buffers: each frame equals
+  PyAV's own NV12 conversion of the same decode, byte for byte."""
+  if wide == "hevc" and not _has_encoder("libx265"): pytest.skip("this FFmpeg has no HEVC encoder (libx265) to make the file")
+  road = make_video(tmp_path / "road.mp4", "libx264", n=12)
+  wide_file = (make_video(tmp_path / "wide.hevc", "libx265", n=10, fmt="hevc", phase=50) if wide == "hevc"
+               else make_video(tmp_path / "wide.ts", "libx264", n=10, fmt="mpegts", phase=50))
+  refs = {ROAD: reference_nv12(road), WIDE_ROAD: reference_nv12(wide_file)}
+  p = camerad("--source", f"road={road}", "--source", f"wide={wide_file}", "--lockstep", "--layout", "aligned")
+  try:
+    assert wait_for_server(p) == {ROAD, WIDE_ROAD}
+    def check(s, buf):
+      ref = refs[s][buf.frame_id]
+      a = np.frombuffer(buf.data, np.uint8)
+      y = a[:buf.stride * 96].reshape(96, buf.stride)[:, :160]
+      uv = a[buf.uv_offset:buf.uv_offset + buf.stride * 48].reshape(48, buf.stride)[:, :160]
+      assert np.array_equal(np.concatenate([y, uv]), ref), f"{CAMS[s]} frame {buf.frame_id}"
+    ids = lockstep_frames(p, [ROAD, WIDE_ROAD], ["modelV2"], check)
+    rc, err = finish(p)
+    assert rc == 0 and ids == list(range(10)), f"{ids}\n{err}"   # the shorter file ends the source
+  finally:
+    if p.poll() is None: p.kill()
+
+def test_bad_video_files(tmp_path):
+  """Undecodable or missing files are a clear error (exit 1), a file cut short serves what it holds (exit 0), a damaged
+  stream is served or skipped (counted), never a hang."""
+  good = make_video(tmp_path / "good.ts", "libx264", n=12, fmt="mpegts")
+  mp4 = make_video(tmp_path / "good.mp4", "libx264", n=12)
+  raw = make_video(tmp_path / "good.h264", "libx264", n=12, fmt="h264")
+  (tmp_path / "garbage.mp4").write_bytes(np.random.default_rng(0).bytes(5000))
+  (tmp_path / "cut.mp4").write_bytes(mp4.read_bytes()[:mp4.stat().st_size // 2])   # its index (moov) is at the end: gone
+  (tmp_path / "cut.ts").write_bytes(good.read_bytes()[:good.stat().st_size // 2])
+  d = bytearray(raw.read_bytes())
+  d[len(d) // 4::97] = b"\x00" * len(d[len(d) // 4::97])   # zeros sprinkled over 3/4 of the stream
+  (tmp_path / "damaged.h264").write_bytes(bytes(d))
+  (tmp_path / "empty.mkv").write_bytes(b"")
+  cases = {"garbage.mp4": (1, "cannot open as video"), "cut.mp4": (1, "cannot open as video"), "empty.mkv": (1, "cannot open as video"),
+           "missing.mp4": (1, "no such file"), "cut.ts": (0, "served"), "damaged.h264": (None, None)}
+  procs = {f: camerad("--source", tmp_path / f, "--fps", "200", "--name", f"bad{i}") for i, f in enumerate(cases)}
+  for f, (code, text) in cases.items():
+    rc, err = finish(procs[f], 30)
+    if code is None:
+      assert rc in (0, 1) and ("served" in err or "decode" in err), err
+    else:
+      assert rc == code and text in err, f"{f}: rc {rc}\n{err}"
+      if rc == 1: assert str(tmp_path / f) in err, "the error names the file"
+  rc, err = finish(camerad("--source", f"wide={good}", "--source", f"wide={mp4}"))
+  assert rc == 1 and "camera wide given twice" in err
+
+# ---- recorded logs
+def test_log_replay_with_video(scene_file, tmp_path):
+  """Record a synthetic run (messages + lossless road video), then serve the route: frames pixel-exact to the scene,
+  recorded carState republished byte for byte."""
+  scene, route = load_scene(scene_file), tmp_path / "route"
+  rec = spawn("tools.record", "--route", route, "--segment-seconds", "0.4", "--video", "road", "--codec", "ffv1",
+              "carState", "roadCameraState", "liveCalibration")
+  try:
+    time.sleep(1.0)   # the recorder subscribes; camerad's messages go to it from its first frame
+    # the recorder subscribed before camerad published: the first frames can go by while it connects
+    rc, err = finish(camerad("--source", f"synthetic:{scene_file}", "--cameras", "road", "--fps", "20", "--loop", "--frames", "30"))
+    assert rc == 0, err
+    time.sleep(0.3)
+    rec.send_signal(signal.SIGTERM)
+    rc, err = finish(rec)
+    assert rc == 0, err
+  finally:
+    if rec.poll() is None: rec.kill()
+  assert len(segment_dirs(route)) >= 2
+  recorded = list(LogReader(route).raw())
+  state_ids = [ev.roadCameraState.frameId for _, ev in recorded if ev.which() == "roadCameraState"]
+  assert len(state_ids) >= 15 and state_ids == list(range(state_ids[0], 30))
+  cars = [dat for dat, ev in recorded if ev.which() == "carState"]
+  video_ids = [f.pts for d in segment_dirs(route) if (d / "road.mkv").exists() for f in av.open(str(d / "road.mkv")).decode(video=0)]
+  assert video_ids and set(video_ids) <= set(state_ids)
+
+  p = camerad("--source", route, "--lockstep")
+  try:
+    assert wait_for_server(p) == {ROAD}
+    car = messaging.sub_sock("carState", timeout=2000)
+    r = SceneRenderer(scene, "road", NV12Layout.packed(192, 120))
+    served = []
+    replayed = []
+    def check(s, buf):
+      replayed.extend(messaging.drain_sock_raw(car))
+      served.append(buf.frame_id)
+      # lockstep serves the recorded frames back to back; the k-th is recorded frame video_ids[k]
+      assert planes_equal(buf, r.render(video_ids[len(served) - 1] % scene.n_frames)), f"frame {buf.frame_id}"
+    lockstep_frames(p, [ROAD], ["modelV2"], check)
+    rc, err = finish(p)
+    assert rc == 0, err
+    assert served == list(range(video_ids[0], video_ids[0] + len(video_ids)))
+    replayed += messaging.drain_sock_raw(car)
+    assert replayed and replayed == cars[len(cars) - len(replayed):], "carState is replayed byte for byte"
+  finally:
+    if p.poll() is None: p.kill()
