@@ -27,3 +27,22 @@ def connect(clients: list, stop, tick: Callable[[], None], timeout: float = 10.)
       tick()
       time.sleep(POLL_S)
   return True
+
+class StreamWatch:
+  """Notices a camera server that went away or came back with another set of streams while no frame arrives (a
+  client only sees a restart in a frame of the new server, and a stream the new server lacks brings none)."""
+  CHECK_S = 1.
+
+  def __init__(self, server: str, streams: set[int]):
+    self.server, self.streams, self.last = server, streams, time.monotonic()
+
+  def frame(self) -> None: self.last = time.monotonic()
+
+  def changed(self) -> bool:
+    """Call when a receive timed out: True (reconnect) if frames stopped over CHECK_S ago and the streams differ now."""
+    from msgq.visionipc import VisionIpcClient
+    if time.monotonic() - self.last < self.CHECK_S: return False
+    self.last = time.monotonic()
+    if (now := VisionIpcClient.available_streams(self.server, False)) == self.streams: return False
+    log.warning("camera server %r now serves streams %s (was %s)", self.server, sorted(now), sorted(self.streams))
+    return True

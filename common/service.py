@@ -22,13 +22,13 @@ def _notify_addr() -> str | None:
 _notify_sock: socket.socket | None = None
 
 def notify(*fields: str) -> bool:
-  """Send 'FIELD=value' lines as one datagram to $NOTIFY_SOCKET. False if unset or the manager is gone (never raises:
-  a daemon must keep running when its supervisor restarts)."""
+  """Send 'FIELD=value' lines as one datagram to $NOTIFY_SOCKET. False if unset, the manager is gone or its queue is full:
+  it never raises and never blocks (a frame loop must not stall on a supervisor that does not read)."""
   global _notify_sock
   if (addr := _notify_addr()) is None: return False
   try:
     if _notify_sock is None: _notify_sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-    _notify_sock.sendto('\n'.join(fields).encode(), addr)
+    _notify_sock.sendto('\n'.join(fields).encode(), socket.MSG_DONTWAIT, addr)
     return True
   except OSError as e:
     logging.getLogger(__name__).debug("notify %s failed: %s", fields, e)

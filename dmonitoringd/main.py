@@ -36,7 +36,7 @@ class DMonitoringD:
     from msgq.visionipc import VisionIpcClient, DRIVER
     from modelrt.artifact import load_artifact
     from modelrt.runner import DMRunner
-    from common.camera import wait_for_streams, connect
+    from common.camera import StreamWatch, wait_for_streams, connect
     try:
       while not self.stop:
         if (streams := wait_for_streams(self.args.camera_server, self.stop, self.tick)) is None: break
@@ -59,7 +59,7 @@ class DMonitoringD:
             notify('READY=1', f'STATUS=running on {self.args.camera_server} stream {DRIVER}')
             self.ready = True
             log.info("ready")
-          self.serve(runner, client)
+          self.serve(runner, StreamWatch(self.args.camera_server, streams), client)
         finally:
           for r in self.runners.values(): r.release_camera_tensors()   # tensors over the buffers go before the mappings
           client.close()
@@ -69,7 +69,7 @@ class DMonitoringD:
     log.info("stopped")
     return 0
 
-  def serve(self, runner, client) -> None:
+  def serve(self, runner, watch, client) -> None:
     from modelrt.geometry import dm_warp_matrix
     from modelrt.guard import InputSpecError
     from modeld.calibration import sensor_name, camera_for
@@ -81,7 +81,10 @@ class DMonitoringD:
       if not client.is_connected():
         log.warning("camera server %r restarted or went away: reconnecting", self.args.camera_server)
         return
-      if (buf := client.recv(RECV_TIMEOUT_MS)) is None: continue
+      if (buf := client.recv(RECV_TIMEOUT_MS)) is None:
+        if watch.changed(): return
+        continue
+      watch.frame()
       self.sm.update(0)
       if self.sm.updated['liveCalibration']: self.calib.update(self.sm['liveCalibration'].rpyCalib)
       sensor = sensor_name(str(self.sm['driverCameraState'].sensor), self.args.sensor)

@@ -73,7 +73,7 @@ class ModelD:
     from msgq.visionipc import VisionIpcClient, ROAD, WIDE_ROAD
     from modelrt.artifact import load_artifact
     from modelrt.runner import RoadRunner
-    from common.camera import wait_for_streams, connect
+    from common.camera import StreamWatch, wait_for_streams, connect
     try:
       while not self.stop:
         if (streams := wait_for_streams(self.args.camera_server, self.stop, self.tick)) is None: break
@@ -104,7 +104,7 @@ class ModelD:
             notify('READY=1', f'STATUS=running on {self.args.camera_server} stream {main_stream}')
             self.ready = True
             log.info("ready")
-          self.serve(runner, main_stream, *clients)
+          self.serve(runner, StreamWatch(self.args.camera_server, streams), main_stream, *clients)
         finally:
           for r in self.runners.values(): r.release_camera_tensors()   # tensors over the buffers go before the mappings
           for c in clients: c.close()
@@ -129,7 +129,7 @@ class ModelD:
     runner.set_transforms(road_warp_matrix(self.calib.rpy, main_cam), road_warp_matrix(self.calib.rpy, wide_cam, wide=True))
     self.geometry = geometry
 
-  def serve(self, runner, main_stream: int, main_client, extra_client=None) -> None:
+  def serve(self, runner, watch, main_stream: int, main_client, extra_client=None) -> None:
     """Frames until the stop flag or a camera server restart (a client disconnects)."""
     from msgq.visionipc import WIDE_ROAD
     from modelrt.guard import InputSpecError
@@ -145,7 +145,10 @@ class ModelD:
       if not all(c.is_connected() for c in clients):
         log.warning("camera server %r restarted or went away: reconnecting", self.args.camera_server)
         return
-      if (frames := sync.next()) is None: continue
+      if (frames := sync.next()) is None:
+        if watch.changed(): return
+        continue
+      watch.frame()
       main, extra, out_of_sync = frames
       if out_of_sync:
         self.stats.count('out_of_sync')

@@ -12,9 +12,17 @@ LAYOUT = NV12Layout.packed(64, 48)           # road, wide road and driver stream
 ALT_LAYOUT = NV12Layout.aligned(64, 48)      # a second layout the road artifact serves (camera restart with new buffers)
 UNSERVED_LAYOUT = NV12Layout.packed(96, 64)  # a layout no artifact serves
 
-def build(out: pathlib.Path = CACHE, layouts: tuple[NV12Layout, ...] = (LAYOUT, ALT_LAYOUT), family: str | None = None) -> pathlib.Path:
-  """modeld-compile --reference for the given layouts (both families unless one is named); returns the artifact dir."""
-  cmd = [sys.executable, '-m', 'modelrt.compile', '--reference', '--quiet', '--out', str(out), *[a for l in layouts for a in ('--camera', str(l))]]
+def build(out: pathlib.Path = CACHE, layouts: tuple[NV12Layout, ...] = (LAYOUT, ALT_LAYOUT), family: str | None = None,
+          models: str = 'reference') -> pathlib.Path:
+  """modeld-compile for the given layouts (both families unless one is named); returns the artifact dir.
+  models: 'reference' (the built-in models) or 'tiny' (the tiny ONNX models of tests/onnx_models.py: seconds to build)."""
+  if models == 'tiny':
+    from onnx_models import vision_onnx, policy_onnx, dm_onnx
+    (src := out / 'onnx').mkdir(parents=True, exist_ok=True)
+    srcs = ['--vision-onnx', str(vision_onnx(src / 'vision.onnx')), '--policy-onnx', str(policy_onnx(src / 'policy.onnx')),
+            '--dm-onnx', str(dm_onnx(src / 'dm.onnx'))]
+  else: srcs = ['--reference']
+  cmd = [sys.executable, '-m', 'modelrt.compile', *srcs, '--quiet', '--out', str(out), *[a for l in layouts for a in ('--camera', str(l))]]
   if family: cmd += ['--family', family]
   env = {**os.environ, 'DEV': os.environ.get('DEV', 'CPU'), 'PARALLEL': '0'}
   r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)

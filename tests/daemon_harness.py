@@ -28,25 +28,32 @@ class Notify:
       self.sock.bind(self.addr)
     self.messages: list[str] = []
 
-  def wait(self, field: str, timeout: float) -> list[str]:
-    """Every datagram up to and including the first that has a line starting with `field`."""
+  def wait(self, pattern: str, timeout: float) -> list[str]:
+    """Every datagram so far, up to and including the first that has a line matching the regex `pattern` (from its start)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
       self.sock.settimeout(max(0.01, deadline - time.monotonic()))
       try: msg = self.sock.recv(4096).decode()
       except TimeoutError: break
       self.messages.append(msg)
-      if any(l.startswith(field) for l in msg.splitlines()): return self.messages
-    raise TimeoutError(f"no {field} on the notify socket within {timeout} s; got {self.messages}")
+      if any(re.match(pattern, l) for l in msg.splitlines()): return self.messages
+    raise TimeoutError(f"no {pattern} on the notify socket within {timeout} s; got {self.messages}")
 
   def close(self) -> None: self.sock.close()
 
 class Daemon:
   """The daemon as a child process (python -m NAME) with its stderr collected."""
-  def __init__(self, module: str, artifacts, *args: str, notify: Notify | None = None, env: dict | None = None):
+  def __init__(self, module: str, artifacts, *args: str, notify: Notify | None = None, env: dict | None = None, modules_file=None):
+    """modules_file: the child writes the names of every module it imported there when it exits (python -m MODULE, run
+    under a wrapper that registers the dump at exit: the daemon's own code is unchanged)."""
     env = {**os.environ, 'DEV': 'CPU', 'PARALLEL': '0', **(env or {})}
     if notify is not None: env['NOTIFY_SOCKET'] = notify.addr
-    self.cmd = [sys.executable, '-m', module, '--artifacts', str(artifacts), '--log-level', 'DEBUG', *args]
+    argv = [module, '--artifacts', str(artifacts), '--log-level', 'DEBUG', *args]
+    if modules_file is None: self.cmd = [sys.executable, '-m', *argv]
+    else:
+      wrapper = (f"import atexit, runpy, sys; atexit.register(lambda: open({str(modules_file)!r}, 'w').write(' '.join(sys.modules))); "
+                 f"sys.argv = {argv!r}; runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
+      self.cmd = [sys.executable, '-c', wrapper]
     self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
     self.lines: list[str] = []
     self.cond = threading.Condition()
@@ -83,6 +90,7 @@ class Daemon:
       rc = self.proc.wait()
     dt = time.monotonic() - t0
     self.reader.join(2)
+    print(f"--- {' '.join(self.cmd[:3])}... exited {rc} after SIGTERM in {dt:.2f} s; stderr:\n{self.stderr()}")   # shown when a test fails
     return rc, dt
 
 class Camera:

@@ -25,6 +25,12 @@ def test_notify_sends_one_datagram(manager):
   assert notify('READY=1', 'STATUS=warming up')
   assert manager.recv(4096) == b'READY=1\nSTATUS=warming up'
 
+def test_notify_never_blocks_on_a_manager_that_does_not_read(manager):
+  t0 = time.monotonic()
+  sent = [notify('WATCHDOG=1') for _ in range(5000)]
+  assert time.monotonic() - t0 < 2 and sent[0] and not sent[-1]   # the queue filled up: dropped, not blocked
+  assert manager.recv(64) == b'WATCHDOG=1'
+
 def test_notify_without_or_with_a_dead_manager(monkeypatch, tmp_path):
   monkeypatch.delenv('NOTIFY_SOCKET', raising=False)
   assert not notify('READY=1')

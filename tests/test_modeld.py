@@ -1,0 +1,307 @@
+"""modeld: frame sync, drops, desire, action and messages as units; then the daemon as a real process against a real
+camera server (VisionIPC shared memory), real pub/sub sockets and a real notify socket, as openpilot's daemon test."""
+import math, random, time
+import numpy as np
+import pytest
+from cereal import messaging
+from msgq import pub_sock
+from msgq.visionipc import ROAD, WIDE_ROAD
+from artifacts import CACHE, LAYOUT, ALT_LAYOUT, UNSERVED_LAYOUT, build
+from daemon_harness import Camera, Collector, Daemon, Notify
+from modelrt.constants import VISION_OUTPUT_SIZES, POLICY_OUTPUT_SIZES, T_IDXS
+from modeld.sync import FrameSync, FrameDrops
+from modeld.desire import DesireHelper, Desire
+from modeld.fill_msgs import Action, FrameInfo, PublishState, fill_model_msgs, get_action, plan_t_at_x
+from modeld.main import finite_outputs, EX_CONFIG
+from modeld.parse import parse_outputs
+
+OUTPUTS = ['modelV2', 'drivingModelData', 'cameraOdometry']
+
+@pytest.fixture(scope='session')
+def artifacts(): return build(CACHE.parent / 'tiny', models='tiny')
+
+# ***** units *****
+
+class F:
+  def __init__(self, frame_id, sof_ms): self.frame_id, self.timestamp_sof = frame_id, int(sof_ms * 1e6)
+
+def _recv(frames):
+  it = iter(frames)
+  return lambda: next(it, None)
+
+def test_sync_takes_main_ahead_then_extra_within_25ms():
+  # main frames every 50 ms; extra has an old frame queued, then one 3 ms later than each main frame
+  sync = FrameSync(_recv([F(1, 50), F(2, 100)]), _recv([F(7, 0), F(8, 53), F(9, 103)]))
+  main, extra, out_of_sync = sync.next()
+  assert (main.frame_id, extra.frame_id, out_of_sync) == (1, 8, False)   # extra 7 was > 25 ms behind: skipped
+  main, extra, _ = sync.next()
+  assert (main.frame_id, extra.frame_id) == (2, 9)
+  assert sync.next() is None   # no more main frames: nothing to run
+  sync = FrameSync(_recv([F(1, 50)]), _recv([F(1, 38)]))
+  assert sync.next()[2]        # 12 ms apart: out of sync (logged, still run)
+  one = FrameSync(_recv([F(4, 50)]), None).next()
+  assert one[0] is one[1] and not one[2]   # one camera: extra is main
+
+def test_drops_filter_and_warmup():
+  d = FrameDrops()
+  assert [d.update(i) for i in range(1, 11)] == [0] * 10
+  assert d.update(13) == 2 and d.frame_drop_perc > 0   # after the first 10 runs a drop shows
+  f = d.frame_drop_perc / 100
+  assert math.isclose(f / (1 - f), 2 * (1 / 20) / (10 + 1 / 20))   # one filter step of min(dropped, 10) = 2
+  d2 = FrameDrops()
+  assert d2.update(50) == 49 and d2.frame_drop_perc == 0   # held at 0 in the first runs, but still a drop (prepare-only)
+
+class CS:
+  def __init__(self, **kw):
+    self.vEgo, self.leftBlinker, self.rightBlinker, self.steeringPressed, self.steeringTorque = 25., False, False, False, 0.
+    self.leftBlindspot = self.rightBlindspot = False
+    self.__dict__.update(kw)
+
+def test_lane_change_state_machine():
+  dh = DesireHelper()
+  dh.update(CS(leftBlinker=True), True, 0.)
+  assert (dh.lane_change_state, dh.lane_change_direction, dh.desire) == ('preLaneChange', 'left', Desire.none)
+  dh.update(CS(leftBlinker=True, steeringPressed=True, steeringTorque=-1.), True, 0.)   # torque the wrong way: wait
+  assert dh.lane_change_state == 'preLaneChange'
+  dh.update(CS(leftBlinker=True, steeringPressed=True, steeringTorque=1.), True, 1.)
+  assert dh.lane_change_state == 'laneChangeStarting' and dh.desire == Desire.laneChangeLeft
+  assert dh.vector().tolist() == np.eye(8)[Desire.laneChangeLeft].tolist()
+  for _ in range(10): dh.update(CS(leftBlinker=True), True, 0.5)   # the model still sees the change going on
+  assert dh.lane_change_state == 'laneChangeStarting'
+  dh.update(CS(), True, 0.01)   # lines faded out and the model is sure it is done
+  assert dh.lane_change_state == 'laneChangeFinishing'
+  for _ in range(20): dh.update(CS(), True, 0.)
+  assert (dh.lane_change_state, dh.lane_change_direction, dh.desire) == ('off', 'none', Desire.none)
+  # blind spot blocks, too slow or no lateral control cancels
+  dh.update(CS(rightBlinker=True), True, 0.)
+  dh.update(CS(rightBlinker=True, steeringPressed=True, steeringTorque=-1., rightBlindspot=True), True, 0.)
+  assert (dh.lane_change_state, dh.lane_change_direction) == ('preLaneChange', 'right')
+  dh.update(CS(rightBlinker=True, vEgo=5.), True, 0.)
+  assert dh.lane_change_state == 'off'
+  dh.update(CS(vEgo=float('nan'), leftBlinker=True), True, 0.)
+  assert dh.lane_change_state == 'off'
+  dh.update(CS(leftBlinker=True), False, 0.)
+  assert dh.lane_change_state == 'off'
+
+def _plan(v=20., yaw_rate=0.):
+  plan = np.zeros((33, 15), np.float32)
+  plan[:, 0], plan[:, 3] = v * T_IDXS, v
+  plan[:, 11], plan[:, 14] = yaw_rate * T_IDXS, yaw_rate
+  return plan
+
+def test_action_from_plan():
+  # a steady turn at yaw rate r: curvature r / v; a constant speed: no acceleration
+  a = Action()
+  for _ in range(100): a = get_action(_plan(20., 0.02), a, 0.3, 20.)
+  assert math.isclose(a.desiredCurvature, 0.02 / 20, rel_tol=1e-3) and abs(a.desiredAcceleration) < 1e-6 and not a.shouldStop
+  held = get_action(_plan(20., 0.05), a, 0.3, 0.2)   # below 0.3 m/s the curvature is held
+  assert held.desiredCurvature == a.desiredCurvature
+  assert get_action(_plan(0.), Action(), 0.3, 0.).shouldStop
+  plan = _plan()
+  plan[:, 3], plan[:, 6] = 20 - 2 * T_IDXS, -2.   # braking at 2 m/s^2
+  a = Action()
+  for _ in range(100): a = get_action(plan, a, 0.3, 20.)
+  assert math.isclose(a.desiredAcceleration, -2., rel_tol=1e-3)
+
+def _outputs(rng, scale=1.):
+  return {k: (rng.standard_normal((1, n)) * scale).astype(np.float32) for k, n in {**VISION_OUTPUT_SIZES, **POLICY_OUTPUT_SIZES}.items()}
+
+def _floats(obj):
+  """Every float in a capnp reader, recursively."""
+  if isinstance(obj, float): yield obj
+  elif hasattr(obj, 'schema') and hasattr(obj, 'to_dict'): yield from _floats(obj.to_dict())
+  elif isinstance(obj, dict):
+    for v in obj.values(): yield from _floats(v)
+  elif isinstance(obj, (list, tuple)):
+    for v in obj: yield from _floats(v)
+
+def test_non_finite_outputs_never_reach_a_message():
+  out = _outputs(np.random.default_rng(0))
+  out['plan'][0, :50] = np.nan
+  out['lane_lines'][0, 3] = np.inf
+  fixed, finite = finite_outputs({k: v[0] for k, v in out.items()})
+  assert not finite
+  parsed = parse_outputs(fixed)
+  plan = parsed['plan']
+  msgs = fill_model_msgs(parsed, FrameInfo(40, 40, 0, 0., 1, .01, valid=False), get_action(plan, Action(), .3, 20.), PublishState())
+  for m in msgs:
+    r = m.as_reader()
+    assert not r.valid and all(math.isfinite(x) for x in _floats(getattr(r, r.which())))
+  mv2 = msgs[0].as_reader().modelV2
+  assert len(mv2.laneLines) == 4 and len(mv2.leadsV3) == 3 and len(mv2.position.x) == 33
+  assert list(mv2.laneLines[1].x) == pytest.approx(np.float32(np.array([192 * (i / 32) ** 2 for i in range(33)])).tolist())
+
+def test_plan_time_at_distance():
+  t = plan_t_at_x(_plan(10.))   # 10 m/s: 48 m (X_IDXS[16]) at 4.8 s; past the plan's 100 m, its last time
+  assert t[0] == 0 and np.all(np.diff(t) >= 0) and math.isclose(t[16], 4.8, rel_tol=1e-5) and t[-1] == T_IDXS[-1]
+  assert math.isclose(plan_t_at_x(_plan(20.))[-1], 192 / 20, rel_tol=1e-5)
+
+# ***** the daemon *****
+
+def _start(artifacts, *args, **kw) -> tuple[Daemon, Notify]:
+  notify = Notify()
+  d = Daemon('modeld', artifacts, '--stats-interval', '1', *args, notify=notify, **kw)
+  try: notify.wait('READY=1', 90)
+  except TimeoutError:
+    d.stop()
+    raise AssertionError(f"modeld not ready; stderr:\n{d.stderr()}")
+  return d, notify
+
+def _run(cam: Camera, col: Collector, n: int, **kw):
+  eof = cam.send(n, **kw)
+  return eof, [col.wait(s, len(col.msgs[s]) + 1)[-1] for s in OUTPUTS]
+
+def test_daemon_frames_in_lockstep(artifacts, tmp_path):
+  """openpilot's daemon test: frames 1..N on road and wide road; every output is for frame n, of the camera's eof,
+  with no age and no drops. Also: READY only after start-up, WATCHDOG and STATUS from the loop, no torch in the
+  child, SIGTERM -> exit 0 within a second."""
+  cam = Camera({ROAD: LAYOUT, WIDE_ROAD: LAYOUT})
+  modules = tmp_path / 'modules'
+  d, notify = _start(artifacts, env={'WATCHDOG_USEC': '200000'}, modules_file=modules)
+  col = Collector(OUTPUTS)
+  try:
+    for n in range(1, 31):
+      eof, (mv2, dmd, odo) = _run(cam, col, n)
+      m = mv2.modelV2
+      assert (m.frameId, m.frameIdExtra, m.timestampEof, m.frameAge, m.frameDropPerc) == (n, n, eof, 0, 0)
+      assert (odo.cameraOdometry.frameId, odo.cameraOdometry.timestampEof) == (n, eof)
+      assert (dmd.drivingModelData.frameId, dmd.drivingModelData.frameIdExtra) == (n, n)
+      assert not mv2.valid and not odo.valid   # no calibration yet
+      assert 0 < m.modelExecutionTime < 5 and len(m.rawPredictions) == 0
+      time.sleep(0.02)
+    msgs = notify.wait(r'STATUS=rate=.* exec_ms_p50=', 5)
+    assert 'WATCHDOG=1' in msgs and msgs.index('WATCHDOG=1') > [i for i, m in enumerate(msgs) if m.startswith('READY=1')][0]
+  finally:
+    rc, dt = d.stop()
+    cam.close(); col.close(); notify.close()
+  assert rc == 0 and dt < 1, (rc, dt, d.stderr())
+  mods = modules.read_text().split()
+  assert 'tinygrad' in mods and 'modelrt.runner' in mods and not any(m == 'torch' or m.startswith('torch.') for m in mods)
+  log = d.stderr()
+  assert 'Traceback' not in log and not any('info' in l and 'frame ' in l for l in log.splitlines())   # no per-frame info lines
+
+def test_daemon_dropped_frames(artifacts):
+  """Frames with the road camera missing (nothing, or only the wide one): the next road frame only feeds the history;
+  outputs are published exactly for road frames whose predecessor was a road frame."""
+  rng = random.Random(0)
+  cam = Camera({ROAD: LAYOUT, WIDE_ROAD: LAYOUT})
+  d, notify = _start(artifacts)
+  col = Collector(OUTPUTS)
+  expected, prev_road, first_drop_published = [], True, None
+  try:
+    for n in range(1, 61):
+      road = n <= 3 or rng.random() > 0.15
+      if not road:
+        cam.send(n, streams=rng.choice([(), (WIDE_ROAD,)]))
+        prev_road = False
+        time.sleep(0.02)
+        continue
+      if prev_road:
+        expected.append(n)
+        _run(cam, col, n)
+      else:   # prepare-only: the daemon says so in a debug line
+        start = len(d.lines)
+        cam.send(n)
+        d.wait_line(rf'prepare-only frame {n}: [1-9]', start=start)
+        if n > 11 and first_drop_published is None: first_drop_published = n + 1
+      prev_road = True
+    time.sleep(0.2)
+    col.poll()
+  finally:
+    rc, _ = d.stop()
+    cam.close(); col.close(); notify.close()
+  for s in OUTPUTS: assert [getattr(e, s).frameId for e in col.msgs[s]] == expected, s
+  assert len(expected) < 60 and rc == 0
+  drop_perc = {e.modelV2.frameId: e.modelV2.frameDropPerc for e in col.msgs['modelV2']}
+  assert all(v == 0 for k, v in drop_perc.items() if k < 10) and first_drop_published is not None
+  assert all(v > 0 for k, v in drop_perc.items() if k >= first_drop_published)
+  assert all(e.modelV2.frameIdExtra == e.modelV2.frameId for e in col.msgs['modelV2'])
+
+def _valid_after(cam, col, n0, want: bool, tries=20) -> int:
+  """Send frames from n0 until one is published with valid == want (the daemon reads a new message at its next frame)."""
+  for n in range(n0, n0 + tries):
+    _, (mv2, dmd, odo) = _run(cam, col, n)
+    if mv2.valid == want:
+      assert dmd.valid == odo.valid == want
+      return n + 1
+  raise AssertionError(f"no frame with valid={want} in {tries} frames")
+
+def test_daemon_calibration_garbage_and_nan(artifacts):
+  cam = Camera({ROAD: LAYOUT, WIDE_ROAD: LAYOUT})
+  pm = messaging.PubMaster(['liveCalibration', 'driverMonitoringState'])
+  garbage = {s: pub_sock(s) for s in ('carState', 'liveDelay', 'carControl')}
+  d, notify = _start(artifacts, '--raw-predictions')
+  col = Collector(OUTPUTS)
+  def calib(rpy):
+    msg = messaging.new_message('liveCalibration')
+    msg.liveCalibration.rpyCalib = rpy
+    pm.send('liveCalibration', msg)
+  try:
+    n = _valid_after(cam, col, 1, False, tries=1)
+    calib([0., 0.02, -0.01])
+    n = _valid_after(cam, col, n, True)
+    for s in garbage.values(): s.send(b'\x00\x01garbage that is no capnp message' * 3)
+    msg = messaging.new_message('driverMonitoringState')
+    msg.driverMonitoringState.isRHD = True
+    pm.send('driverMonitoringState', msg)
+    n = _valid_after(cam, col, n, True)
+    calib([float('nan'), 0., 0.])
+    start = len(col.msgs['modelV2'])
+    n = _valid_after(cam, col, n, False)
+    d.wait_line(r'error .*CalibrationError: liveCalibration.rpyCalib: expected 3 finite angles')
+    for _ in range(3): _valid_after(cam, col, n, False, tries=1); n += 1   # stays invalid, keeps running
+    calib([0., 0.02, 5.])   # out of range: also refused
+    for _ in range(3): _valid_after(cam, col, n, False, tries=1); n += 1
+    calib([0., 0.02, -0.01])
+    n = _valid_after(cam, col, n, True)
+    assert d.wait_line(r'dropped malformed message on carState')
+    for e in col.msgs['modelV2'][start:]:
+      assert all(math.isfinite(x) for x in _floats(e.modelV2.to_dict())) and len(e.modelV2.rawPredictions) > 0
+      raw = np.frombuffer(e.modelV2.rawPredictions, np.float32)
+      assert raw.size == sum(VISION_OUTPUT_SIZES.values()) + sum(POLICY_OUTPUT_SIZES.values()) and np.isfinite(raw).all()
+  finally:
+    rc, _ = d.stop()
+    cam.close(); col.close(); notify.close(); pm.close()
+    for s in garbage.values(): s.close()
+  assert rc == 0, d.stderr()
+
+def test_daemon_camera_restart_with_another_layout_and_camera_set(artifacts):
+  """The camera server restarts with new buffers of another layout the artifact serves, and only the wide camera:
+  modeld drops its tensors over the old buffers, reconnects, switches warps, resets its history and goes on."""
+  cam = Camera({ROAD: LAYOUT, WIDE_ROAD: LAYOUT})
+  d, notify = _start(artifacts)
+  col = Collector(OUTPUTS)
+  try:
+    for n in range(1, 6): _run(cam, col, n)
+    cam.close()
+    cam = Camera({WIDE_ROAD: ALT_LAYOUT})
+    for n in range(1, 40):
+      cam.send(n)
+      try:
+        if col.wait('modelV2', 6, timeout=0.3): break
+      except TimeoutError: pass
+    else: raise AssertionError(f"no output after the restart; stderr:\n{d.stderr()}")
+    for s in OUTPUTS: col.wait(s, 6)
+    for n in range(n + 1, n + 6):
+      _, (mv2, _, odo) = _run(cam, col, n)
+      assert (mv2.modelV2.frameId, mv2.modelV2.frameIdExtra, odo.cameraOdometry.frameId) == (n, n, n)
+    d.wait_line(r"camera server 'camerad' now serves streams \[2\] \(was \[0, 2\]\)")
+    d.wait_line(rf'main stream {int(WIDE_ROAD)} \({ALT_LAYOUT}\), no extra camera')
+  finally:
+    rc, _ = d.stop()
+    cam.close(); col.close(); notify.close()
+  assert rc == 0, d.stderr()
+
+def test_daemon_refuses_a_layout_the_artifact_does_not_serve(artifacts):
+  cam = Camera({ROAD: UNSERVED_LAYOUT, WIDE_ROAD: UNSERVED_LAYOUT})
+  notify = Notify()
+  d = Daemon('modeld', artifacts, notify=notify)
+  try: rc = d.proc.wait(60)
+  finally:
+    d.stop()
+    cam.close()
+  err = d.stderr()
+  assert rc == EX_CONFIG, err
+  assert f'no warp compiled for camera layout {UNSERVED_LAYOUT}' in err and f'--camera {UNSERVED_LAYOUT}' in err and 'modeld-compile' in err
+  with pytest.raises(TimeoutError): notify.wait('READY=1', 0.1)   # never claimed to be ready
+  notify.close()
