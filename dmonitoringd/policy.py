@@ -59,14 +59,14 @@ class DriverMonitoring:
   def update(self, dm: dict, v_ego: float = 0., standstill: bool = False) -> dict:
     """dm: dmonitoringd.parse.parse_dm_outputs(...). Returns the driverMonitoringState fields (frameId excepted)."""
     s = self.s
-    d = dm['rhd' if self.is_rhd else 'lhd']
-    face = d['face_prob'] > s.FACE_THRESHOLD
     if max(dm['lhd']['face_prob'], dm['rhd']['face_prob']) > s.FACE_THRESHOLD:
       self.wheelpos.update(dm['wheel_on_right_prob'])
     rhd_checked = self.wheelpos.n >= s.WHEELPOS_MIN_COUNT
     if rhd_checked:
       lo, hi = s.WHEELPOS_HYSTERESIS
       self.is_rhd = self.wheelpos.x > hi if not self.is_rhd else self.wheelpos.x >= lo
+    d = dm['rhd' if self.is_rhd else 'lhd']
+    face = d['face_prob'] > s.FACE_THRESHOLD
 
     pitch, yaw = float(d['face_orientation'][0]), float(d['face_orientation'][1])
     low_std = float(np.mean(d['face_orientation_std'])) < s.POSESTD_THRESHOLD
