@@ -23,7 +23,9 @@ Guarantees (each has a test in tests/test_msgq.py):
   refuse to send more than their own max_size. Only a message over 16 MiB and over the subscriber's max_size
   (a foreign publisher) ends the connection, as a ZMQ protocol error, until the subscriber is re-created;
 - a restarted publisher (same process or another) is re-connected to by existing subscribers within
-  RECONNECT_IVL_MAX; messages it sends before that are lost, as with any new subscriber.
+  RECONNECT_IVL_MAX; messages it sends before that are lost, as with any new subscriber. ZMQ re-sends the
+  subscription on the subscriber's own thread, the next time it receives or polls, so a publisher's
+  wait_for_readers() sees an idle subscriber only once it reads again.
 """
 import errno, fcntl, logging, os, select, threading, time
 import zmq

@@ -21,20 +21,25 @@ def _max_size(endpoint: str) -> int:
 
 def new_message(service: str | None = None, size: int | None = None, **kwargs) -> capnp.lib.capnp._DynamicStructBuilder:
   """A new Event with logMonoTime set; with a service, its union member initialised (size: list length)."""
-  msg = log.Event.new_message(logMonoTime=time.monotonic_ns(), valid=True, **kwargs)
+  msg = log.Event.new_message(**{"logMonoTime": time.monotonic_ns(), "valid": True, **kwargs})
   if service is not None:
     if size is None: msg.init(service)
     else: msg.init(service, size)
   return msg
 
 def log_from_bytes(dat: bytes, struct=log.Event):
-  """Parse one message. The traversal limit is proportional to the message size, so a crafted message whose
-  pointers alias the same data cannot make a reader walk far more than it carries; plenty for normal reads."""
+  """Parse one message into a reader that stays valid and cheap to read for as long as it is kept.
+  The message is validated by copying it once under a traversal limit proportional to its size: pointers out
+  of bounds, too deep, or aliasing the same data to make readers walk far more than it carries are refused here,
+  as MalformedMessageError, never later in a consumer. (Readers of the bytes themselves would also count every
+  repeated read against that limit; SubMaster users read the same message many times.)"""
   try:
-    with struct.from_bytes(dat, traversal_limit_in_words=64 * (len(dat) // 8) + 4096, nesting_limit=64) as msg:
-      msg.which()   # a union discriminant this schema does not know raises here, not in the consumer
-      return msg
-  except (capnp.KjException, ValueError, TypeError) as e:
+    with struct.from_bytes(dat, traversal_limit_in_words=4 * (len(dat) // 8) + 4096, nesting_limit=64) as msg:
+      copy = struct.new_message()
+      for f in msg.schema.non_union_fields: setattr(copy, f, getattr(msg, f))
+      if msg.schema.union_fields: setattr(copy, w := msg.which(), getattr(msg, w))
+      return copy.as_reader()
+  except (capnp.KjException, ValueError, TypeError, AttributeError) as e:
     raise MalformedMessageError(f"malformed message ({len(dat)} bytes): {str(e).splitlines()[0][:200]}") from None
 
 def pub_sock(endpoint: str) -> PubSocket:

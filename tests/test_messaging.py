@@ -1,0 +1,246 @@
+"""cereal: schema, services table, log_from_bytes limits, PubMaster/SubMaster with real publisher processes."""
+import hashlib, logging, os, time
+import numpy as np
+import pytest
+
+from cereal import messaging
+from cereal.messaging import MalformedMessageError, log, log_from_bytes, new_message
+from cereal.services import SERVICES, CAMERA_STATE_SERVICES
+import msgq
+from test_msgq import ask, child, _publisher   # spawned children and their pipe protocol
+
+# ---- children ----
+
+def _pub_rates(rates: dict, conn) -> None:
+  """PubMaster publishing each service at its rate (Hz) on an absolute schedule until told to stop."""
+  pm = messaging.PubMaster(list(rates))
+  conn.send("up")
+  start, sent = time.monotonic(), dict.fromkeys(rates, 0)
+  while not conn.poll(0):
+    now = time.monotonic()
+    for s, hz in rates.items():
+      if now >= start + sent[s] / hz:
+        pm.send(s, new_message(s))
+        sent[s] += 1
+    time.sleep(0.001)
+  pm.close()
+
+def _pub_cmd(conn) -> None:
+  """PubMaster sending what it is told: ("send", service, bytes-or-kwargs), or ("readers", service, None)."""
+  pm = messaging.PubMaster(["carState", "modelV2", "liveCalibration"])
+  conn.send("up")
+  while (cmd := conn.recv()) is not None:
+    op, s, dat = cmd
+    if op == "readers":
+      conn.send(pm.wait_for_readers_to_update(s, 5))
+      continue
+    if isinstance(dat, dict):
+      msg = new_message(s, valid=dat.pop("valid", True))
+      for k, v in dat.items(): setattr(getattr(msg, s), k, v)
+      dat = msg
+    pm.send(s, dat)
+    conn.send("sent")
+
+def ask_updating(conn, cmd, sm, timeout: float = 10.0):
+  """ask(), updating sm meanwhile: a subscriber re-sends its subscription to a new publisher when it is polled."""
+  conn.send(cmd)
+  deadline = time.monotonic() + timeout
+  while not conn.poll(0):
+    assert time.monotonic() < deadline, f"no reply to {cmd}"
+    sm.update(10)
+  return conn.recv()
+
+def update_until(sm, cond, timeout: float = 5.0) -> None:
+  deadline = time.monotonic() + timeout
+  while not cond():
+    assert time.monotonic() < deadline, "condition not reached"
+    sm.update(50)
+
+# ---- schema and services ----
+
+def test_event_union_has_every_service_and_services_have_rates():
+  members = set(log.Event.schema.union_fields)
+  required = {"modelV2", "drivingModelData", "cameraOdometry", "driverStateV2", "driverMonitoringState", "roadCameraState",
+              "wideRoadCameraState", "driverCameraState", "liveCalibration", "carState", "carControl", "deviceState", "liveDelay"}
+  assert required <= members
+  assert set(SERVICES) == members, "every union member needs a service, every service a union member"
+  for name, s in SERVICES.items():
+    assert s.frequency > 0 and s.max_size >= 4096 and (s.decimation is None or s.decimation >= 1), name
+  assert max(s.max_size for s in SERVICES.values()) <= msgq.DEFAULT_MAX_SIZE
+  assert set(CAMERA_STATE_SERVICES.values()) <= set(SERVICES)
+  assert SERVICES["modelV2"].frequency == 20 and SERVICES["carState"].frequency == 100 and SERVICES["liveCalibration"].frequency == 4
+
+def test_schema_has_the_fields_openpilot_consumers_read():
+  m = new_message("modelV2").modelV2
+  lines = m.init("laneLines", 4)
+  lines[1].y = [0.5] * 33
+  m.init("leadsV3", 3)[0].x = [10.0] * 6
+  m.meta.disengagePredictions.brakeDisengageProbs = [0.1] * 5
+  m.meta.desirePrediction = [0.0] * 32
+  m.action.desiredCurvature = 0.01
+  for f in ("position", "velocity", "acceleration", "orientation", "orientationRate"): getattr(m, f).x = [1.0]
+  m.init("roadEdges", 2); m.laneLineProbs = [0.9] * 4; m.confidence = "green"
+  d = new_message("driverStateV2").driverStateV2
+  d.leftDriverData.faceOrientation = [0.1, 0.2, 0.3]
+  d.rightDriverData.phoneProb = 0.5
+  d.wheelOnRightProb = 0.1
+  c = new_message("cameraOdometry").cameraOdometry
+  c.trans, c.rot, c.wideFromDeviceEuler, c.roadTransformTrans = [1.0] * 3, [0.0] * 3, [0.0] * 3, [0.0] * 3
+  dm = new_message("drivingModelData").drivingModelData
+  dm.path.yCoefficients = [0.0] * 5; dm.laneLineMeta.leftY = 1.8; dm.meta.laneChangeState = "preLaneChange"
+  lc = new_message("liveCalibration").liveCalibration
+  lc.rpyCalib, lc.calStatus = [0.0, 0.01, 0.0], "calibrated"
+  for f in ("vEgo", "aEgo", "steeringAngleDeg"): setattr(new_message("carState").carState, f, 1.0)
+  new_message("driverMonitoringState").driverMonitoringState.awarenessStatus = 1.0
+  new_message("liveDelay").liveDelay.lateralDelay = 0.2
+  new_message("roadCameraState").roadCameraState.timestampEof = 1
+
+def test_new_message_sets_logMonoTime_and_member():
+  t0 = time.monotonic_ns()
+  m = new_message("carState")
+  assert t0 <= m.logMonoTime <= time.monotonic_ns() and m.valid and m.which() == "carState"
+  assert new_message().logMonoTime > 0
+
+# ---- log_from_bytes ----
+
+def _aliased(n: int = 500, m: int = 99991) -> bytes:
+  """A modelV2 whose 7*n laneLines list pointers all point at one m-float list: ~0.5 MB that reads as ~1.4 GB."""
+  msg = log.Event.new_message(num_first_segment_words=1 << 20)
+  for line in msg.init("modelV2").init("laneLines", n):
+    for f in ("x", "y", "z", "t", "xStd", "yStd", "zStd"): line.init(f, 3)
+  msg.modelV2.init("laneLineProbs", m)
+  words = np.frombuffer(msg.to_bytes(), dtype=np.uint64).copy()
+  assert words[0] & 0xffffffff == 0   # one segment
+  seg = words[1:]
+  lo, hi = seg & 0xffffffff, seg >> np.uint64(32)
+  is_list = (lo & 3) == 1   # list pointers: [offset:30 | kind=1], [count:29 | element size:3]; size 4 = 32-bit
+  big = np.nonzero(is_list & (hi == (4 | (m << 3))))[0]
+  small = np.nonzero(is_list & (hi == (4 | (3 << 3))))[0]
+  assert len(big) == 1 and len(small) == 7 * n
+  target = big[0] + 1 + (int(lo[big[0]]) >> 2)
+  off = (target - (small + 1)).astype(np.uint64)
+  seg[small] = ((off << np.uint64(2)) | np.uint64(1)) & np.uint64(0xffffffff) | np.uint64((4 | (m << 3)) << 32)
+  return words.tobytes()
+
+def test_log_from_bytes_refuses_aliased_pointers():
+  dat = _aliased()
+  with log.Event.from_bytes(dat, traversal_limit_in_words=2 ** 63) as msg:   # it is a valid message, just amplified
+    assert len(msg.modelV2.laneLines[499].zStd) == 99991
+  with pytest.raises(MalformedMessageError, match="traversal limit"): log_from_bytes(dat)
+
+def test_log_from_bytes_refuses_garbage_truncated_and_huge_counts():
+  good = new_message("modelV2")
+  good.modelV2.laneLineProbs = [0.5] * 4
+  dat = good.to_bytes()
+  assert list(log_from_bytes(dat).modelV2.laneLineProbs) == [0.5] * 4
+  huge = bytearray(dat)   # the list's element count raised to 2^29-1: far more data than the message has
+  i = bytes(huge).index((4 | (4 << 3)).to_bytes(4, "little"))
+  huge[i:i + 4] = (4 | ((2 ** 29 - 1) << 3)).to_bytes(4, "little")
+  for bad in (b"", b"\x00" * 7, os.urandom(1000), dat[:len(dat) // 2], bytes(huge)):
+    with pytest.raises(MalformedMessageError, match="malformed message"): log_from_bytes(bad)
+
+def test_a_parsed_message_can_be_read_any_number_of_times():
+  m = new_message("liveCalibration")
+  m.liveCalibration.rpyCalib = [0.0, 0.02, 0.01]
+  r = log_from_bytes(m.to_bytes())
+  for _ in range(20000): assert r.liveCalibration.rpyCalib[1] == pytest.approx(0.02)   # no traversal budget runs out
+
+# ---- sockets, PubMaster, SubMaster ----
+
+def test_recv_helpers_and_pubmaster_send_builder_or_bytes():
+  pm = messaging.PubMaster(["carState"])
+  sock = messaging.sub_sock("carState", timeout=100)
+  assert pm.wait_for_readers_to_update("carState", 5) and pm.all_readers_updated("carState")
+  assert messaging.recv_one(sock) is None and messaging.recv_one_or_none(sock) is None
+  m = new_message("carState"); m.carState.vEgo = 1.0
+  pm.send("carState", m)   # a builder
+  m = new_message("carState"); m.carState.vEgo = 2.0
+  pm.send("carState", m.to_bytes())   # bytes
+  assert messaging.recv_one(sock).carState.vEgo == 1.0
+  assert messaging.recv_one_retry(sock).carState.vEgo == 2.0
+  assert messaging.recv_one_or_none(sock) is None
+  for v in (3.0, 4.0, 5.0):
+    m = new_message("carState"); m.carState.vEgo = v; pm.send("carState", m)
+  assert [e.carState.vEgo for e in messaging.drain_sock(sock, wait_for_one=True)] == [3.0, 4.0, 5.0]
+  with pytest.raises(ValueError, match="max_size"): pm.send("carState", b"\x00" * (SERVICES["carState"].max_size + 8))
+  pm.close(); sock.close()
+
+def test_submaster_drops_malformed_messages_and_never_raises(caplog):
+  caplog.set_level(logging.WARNING, logger="cereal.messaging")
+  sm = messaging.SubMaster(["carState"])
+  with child(_publisher, "carState") as (_, conn, _):   # a raw publisher on the service's endpoint
+    assert ask_updating(conn, ("readers", 5.0), sm)
+    wrong = new_message("liveCalibration").to_bytes()
+    good = new_message("carState"); good.carState.vEgo = 7.0
+    good = good.to_bytes()
+    bad = [os.urandom(200), good[:20], wrong, _aliased(50, 9999)]
+    for i, dat in enumerate(bad):
+      assert ask(conn, ("send", [dat])) == "sent"
+      update_until(sm, lambda: sm.malformed["carState"] == i + 1)   # update() never raises
+      assert not sm.updated["carState"] and not sm.seen["carState"]
+    assert ask(conn, ("send", [good])) == "sent"
+    update_until(sm, lambda: sm.updated["carState"])
+    assert sm["carState"].vEgo == 7.0 and sm.malformed["carState"] == len(bad)
+  assert sum("dropped malformed message on carState" in r.getMessage() for r in caplog.records) == len(bad)
+  sm.close()
+
+def test_largest_service_message_goes_through_and_larger_ones_are_refused():
+  size = SERVICES["modelV2"].max_size
+  sm = messaging.SubMaster(["modelV2"])
+  with child(_pub_cmd) as (_, conn, _):
+    assert ask_updating(conn, ("readers", "modelV2", None), sm)
+    m = new_message("modelV2")
+    m.modelV2.rawPredictions = os.urandom(size - 1024)
+    dat = m.to_bytes()
+    assert len(dat) <= size
+    assert ask(conn, ("send", "modelV2", dat)) == "sent"
+    update_until(sm, lambda: sm.updated["modelV2"])
+    assert hashlib.sha256(sm["modelV2"].rawPredictions).digest() == hashlib.sha256(m.modelV2.rawPredictions).digest()
+  with child(_publisher, "modelV2") as (_, conn, _):   # a publisher that allows more than the service's max_size
+    assert ask_updating(conn, ("readers", 5.0), sm)   # the restarted publisher: the subscriber re-connects
+    big = new_message("modelV2")
+    big.modelV2.rawPredictions = b"\x00" * size
+    small = new_message("modelV2")
+    small.modelV2.frameId = 5
+    assert ask(conn, ("send", [big.to_bytes(), small.to_bytes()])) == "sent"
+    update_until(sm, lambda: sm.updated["modelV2"] and sm["modelV2"].frameId == 5)   # the large one never arrived
+    assert sm.sock["modelV2"].refused == 1
+  sm.close()
+
+def test_submaster_poll_blocks_on_the_poll_service_only():
+  sm = messaging.SubMaster(["carState", "liveCalibration"], poll="liveCalibration")
+  with child(_pub_rates, {"carState": 100.}) as (_, conn, _):
+    update_until(sm, lambda: sm.seen["carState"])
+    t = time.monotonic()
+    sm.update(300)   # carState arrives all the time, but only liveCalibration ends the wait
+    assert time.monotonic() - t >= 0.28
+    conn.send(None)
+  with child(_pub_cmd) as (_, conn, _):
+    assert ask_updating(conn, ("readers", "liveCalibration", None), sm)
+    assert ask(conn, ("send", "liveCalibration", {"validBlocks": 3})) == "sent"
+    t = time.monotonic()
+    sm.update(5000)
+    assert time.monotonic() - t < 3 and sm.updated["liveCalibration"] and sm["liveCalibration"].validBlocks == 3
+    assert sm.recv_frame["liveCalibration"] == sm.frame and sm.logMonoTime["liveCalibration"] > 0
+    assert ask_updating(conn, ("readers", "carState", None), sm)
+    assert ask(conn, ("send", "carState", {"vEgo": 3.0, "valid": False})) == "sent"
+    update_until(sm, lambda: sm["carState"].vEgo == 3.0)   # a non-polled service is read on every update
+    assert sm["carState"].vEgo == 3.0 and not sm.valid["carState"] and not sm.all_valid()
+  sm.close()
+
+def test_submaster_alive_and_freq_ok_follow_the_services_table():
+  services = ["carState", "cameraOdometry", "deviceState"]
+  sm = messaging.SubMaster(services)
+  # carState at its 100 Hz, cameraOdometry at half its 20 Hz, deviceState not at all
+  with child(_pub_rates, {"carState": 100., "cameraOdometry": 10.}) as (_, conn, _):
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline: sm.update(100)
+    assert sm.alive["carState"] and sm.freq_ok["carState"]
+    assert sm.alive["cameraOdometry"] and not sm.freq_ok["cameraOdometry"]
+    assert not sm.alive["deviceState"] and not sm.freq_ok["deviceState"] and not sm.seen["deviceState"]
+    assert not sm.all_checks() and sm.all_checks(["carState"])
+    conn.send(None)
+  t = time.monotonic()
+  while time.monotonic() - t < 0.3: sm.update(20)   # 10 periods of carState without a message
+  assert not sm.alive["carState"] and sm.alive["cameraOdometry"]   # 0.3 s < 10 / 20 Hz
+  sm.close()
