@@ -1,0 +1,346 @@
+"""modeld-demo: the whole service on a synthetic scene, live in the terminal, compared with the scene's ground truth.
+
+Builds the default artifacts (modeld-compile --reference, skipped when unchanged), then starts camerad (every camera
+of one scene, looping), modeld, dmonitoringd and modeld-record as child processes on a private OPENPILOT_PREFIX, and
+subscribes to their outputs itself: a live view (a few times a second; a line every few seconds when stdout is not a
+terminal) shows the ego lane lines and the lead against the truth of the frame each output belongs to, the driver
+state, execution times, rates and drops. Ctrl-C or --seconds ends it: SIGTERM to every child, SIGKILL only for one
+that has not exited in time, the prefix's socket directory removed; then a summary, and an overlay MP4 of the
+recorded route (modeld-overlay) whose path is printed last.
+"""
+from __future__ import annotations
+import argparse, ctypes, json, math, os, shutil, signal, subprocess, sys, time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+import numpy as np
+
+# the default scene: 12 s that repeat seamlessly (every track has period 12 s), so camerad loops it and frame f shows
+# scene frame f % 240: a curve, a lead that closes in and falls back, a driver who blinks and looks at a phone
+PERIOD = 12.0
+DEMO_SCENE = {
+  "name": "demo", "description": "modeld-demo: curve, closing lead, blinking driver with a phone", "sensor": "ar0231",
+  "calib": [0.01, 0.02, -0.015], "duration": PERIOD, "seed": 7,
+  "road": {"lane_width": 3.7, "speed": 22.0,
+           "curvature": {"keys": [[0, 0.0], [2, 0.0], [4, 0.002], [8, 0.002], [10, 0.0]], "period": PERIOD},
+           "ego_offset": {"keys": [[0, 0.0], [6, 0.3], [12, 0.0]], "period": PERIOD}},
+  "lead": {"distance": {"keys": [[0, 60.0], [3, 60.0], [7, 20.0], [9, 20.0], [12, 60.0]], "period": PERIOD}, "offset": 0.2},
+  "driver": {"wheel": "left",
+             "face": {"x": {"keys": [[0, 0.36], [6, 0.41], [12, 0.36]], "period": PERIOD}, "y": 0.45, "size": 0.4,
+                      "yaw": {"keys": [[0, 0.0], [6, 0.0], [6.5, 0.5], [9, 0.5], [9.5, 0.0]], "period": PERIOD}},
+             "eyes_closed": {"keys": [[0, False], [1.5, True], [1.8, False]], "period": 3.0},
+             "phone": {"present": {"keys": [[0, False], [6, True], [9.5, False]], "period": PERIOD}}}}
+OUTPUTS = ['modelV2', 'driverStateV2', 'driverMonitoringState', 'roadCameraState', 'driverCameraState']
+SHOW_X = (10., 20., 40.)            # m: lane line positions shown at these distances
+NEAR = (10., 50.)                   # m: lane line error range
+STARTUP_TIMEOUT = 120.              # s for the daemons' first outputs (artifact load and warm-up)
+STOP_TIMEOUT = 10.                  # s after SIGTERM before SIGKILL
+RATE_WINDOW = 2.                    # s of arrivals a rate is measured over
+OVERLAY_FRAMES = 120                # at most: one pass of the scene, re-rendered per frame
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+  ap = argparse.ArgumentParser(prog='modeld-demo', description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                               epilog="""examples:
+  modeld-demo                              the default scene until Ctrl-C
+  modeld-demo --scene lead_braking --seconds 20
+  modeld-demo --seconds 10 --no-overlay    a quick check that everything runs""")
+  ap.add_argument('--scene', default='demo', help="synthetic scene: 'demo' (the default, built in), a shipped scene name "
+                  "(straight, curve, lead_braking, lane_change, driver_distracted, driver_blinking) or a scene file; it loops")
+  ap.add_argument('--seconds', type=float, metavar='N', help="stop N seconds after the first outputs (default: run until Ctrl-C)")
+  ap.add_argument('--artifacts', default='artifacts', metavar='DIR', help="model artifacts, built here when missing or "
+                  "out of date (default: ./artifacts)")
+  ap.add_argument('--out', metavar='DIR', help="run folder: logs, recorded route, overlay.mp4 (default: ./out/demo-<date>--<time>)")
+  ap.add_argument('--fps', type=float, metavar='F', help="camera rate (default: the scene's, 20)")
+  ap.add_argument('--no-overlay', action='store_true', help="do not render the overlay MP4 at the end")
+  args = ap.parse_args(argv)
+  if args.seconds is not None and args.seconds <= 0: ap.error(f"--seconds: expected > 0, got {args.seconds}")
+  if args.fps is not None and not 0 < args.fps <= 100: ap.error(f"--fps: expected 0 < F <= 100, got {args.fps}")
+  args.out = Path(args.out or Path('out') / f"demo-{datetime.now():%Y-%m-%d--%H-%M-%S}")
+  return args
+
+# ***** child processes *****
+
+def _die_with_parent() -> None:
+  """In the child before exec: SIGTERM when the demo dies, even by SIGKILL (Linux prctl PR_SET_PDEATHSIG)."""
+  try: ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+  except (OSError, AttributeError): pass
+
+class Child:
+  """A child process (python -m MODULE) in its own process group (a terminal's Ctrl-C reaches only the demo, which
+  stops the children in order), its output in a log file."""
+  def __init__(self, name: str, module: str, args: list[str], env: dict, logdir: Path):
+    self.name, self.log = name, logdir / f"{name}.log"
+    with open(self.log, 'wb') as f:
+      self.proc = subprocess.Popen([sys.executable, '-m', module, *args], stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
+                                   env=env, start_new_session=True, preexec_fn=_die_with_parent)
+
+  def alive(self) -> bool: return self.proc.poll() is None
+  def tail(self, n: int = 15) -> str: return '\n'.join(self.log.read_text(errors='replace').splitlines()[-n:])
+
+def stop_children(children: list[Child], timeout: float = STOP_TIMEOUT) -> dict[str, int]:
+  """SIGTERM all, wait up to `timeout`, SIGKILL the rest; {name: exit code} (negative: killed by that signal)."""
+  for c in children:
+    if c.alive(): c.proc.send_signal(signal.SIGTERM)
+  deadline, rcs = time.monotonic() + timeout, {}
+  for c in children:
+    try: rcs[c.name] = c.proc.wait(max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+      print(f"modeld-demo: {c.name} did not stop within {timeout:g} s of SIGTERM: SIGKILL", file=sys.stderr)
+      c.proc.kill()
+      rcs[c.name] = c.proc.wait()
+  return rcs
+
+# ***** comparing with the truth *****
+
+@dataclass
+class Series:
+  """Values of one quantity over the run."""
+  v: list[float] = field(default_factory=list)
+  def add(self, x: float) -> None: self.v.append(float(x))
+  def __len__(self) -> int: return len(self.v)
+  def mean(self) -> float: return float(np.mean(self.v)) if self.v else math.nan
+  def max(self) -> float: return float(np.max(self.v)) if self.v else math.nan
+  def frac(self) -> float: return float(np.mean(self.v)) if self.v else math.nan
+
+class Rate:
+  def __init__(self): self.t: deque[float] = deque()
+  def hit(self, now: float) -> None:
+    self.t.append(now)
+    while self.t and self.t[0] < now - RATE_WINDOW: self.t.popleft()
+  def hz(self, now: float) -> float:
+    while self.t and self.t[0] < now - RATE_WINDOW: self.t.popleft()
+    return len(self.t) / RATE_WINDOW
+
+class Monitor:
+  """Every output the demo receives, compared with the truth of its frame (frame id modulo the scene's length)."""
+  def __init__(self, scene):
+    from modelrt.constants import X_IDXS
+    self.scene, self.x = scene, X_IDXS.astype(np.float64)
+    self.near = (self.x >= NEAR[0]) & (self.x <= NEAR[1])
+    self.counts = dict.fromkeys(OUTPUTS, 0)
+    self.rates = {s: Rate() for s in OUTPUTS}
+    self.s = {k: Series() for k in ('lane', 'lead_rel', 'lead_prob_none', 'face_pos', 'eyes_ok', 'phone_ok', 'model_ms', 'dm_ms',
+                                     'drop_perc')}
+    self.road = self.driver = self.dms = None   # what the view shows: the newest of each
+    self.first_output: float | None = None
+    self.last_road_frame = None
+    self.skipped = 0                            # camera frames modeld published nothing for
+
+  def truth(self, frame_id: int) -> dict: return self.scene.truth(frame_id % self.scene.n_frames)
+
+  def update(self, svc: str, ev, now: float) -> None:
+    self.counts[svc] += 1
+    self.rates[svc].hit(now)
+    if svc == 'modelV2': self.on_model(ev.modelV2)
+    elif svc == 'driverStateV2': self.on_driver(ev.driverStateV2)
+    elif svc == 'driverMonitoringState': self.dms = ev.driverMonitoringState
+    if svc in ('modelV2', 'driverStateV2') and self.first_output is None: self.first_output = now
+
+  def on_model(self, m) -> None:
+    t = self.truth(m.frameId)
+    lines = [np.asarray(m.laneLines[i].y, np.float64) for i in (1, 2)] if len(m.laneLines) == 4 else None
+    truth_lines = [np.asarray(t['road']['lane_lines'][i]['y']) for i in (1, 2)]
+    lane_err = max(np.abs(l - tl)[self.near].max() for l, tl in zip(lines, truth_lines)) if lines else math.nan
+    lead, tl = m.leadsV3[0] if len(m.leadsV3) else None, t['lead']
+    lead_x, lead_prob = (float(lead.x[0]) if lead is not None and len(lead.x) else math.nan), (float(lead.prob) if lead is not None else math.nan)
+    if lines: self.s['lane'].add(lane_err)
+    if tl['present'] and 10 <= tl['x'] <= 80: self.s['lead_rel'].add(abs(lead_x - tl['x']) / tl['x'])
+    elif not tl['present']: self.s['lead_prob_none'].add(lead_prob)
+    self.s['model_ms'].add(m.modelExecutionTime * 1e3)
+    self.s['drop_perc'].add(m.frameDropPerc)
+    if self.last_road_frame is not None and m.frameId > self.last_road_frame + 1: self.skipped += m.frameId - self.last_road_frame - 1
+    self.last_road_frame = m.frameId
+    at = lambda y: np.interp(SHOW_X, self.x, y)
+    self.road = dict(frame=m.frameId, truth=t, lines=[at(l) for l in lines] if lines else None, truth_lines=[at(l) for l in truth_lines],
+                     lane_err=lane_err, probs=list(m.laneLineProbs), lead_x=lead_x, lead_prob=lead_prob, exec_ms=m.modelExecutionTime * 1e3,
+                     drop=m.frameDropPerc)
+
+  def on_driver(self, d) -> None:
+    from modelrt.constants import DM_WIDTH, DM_HEIGHT
+    t = self.truth(d.frameId)['driver']
+    side = d.rightDriverData if t['wheel_on_right'] else d.leftDriverData
+    pos = np.asarray(side.facePosition, np.float64)
+    face_err = math.nan
+    if t['face']['present'] and len(pos) == 2:
+      face_err = float(np.hypot(*((pos - t['face']['position']) * (DM_WIDTH, DM_HEIGHT))) / DM_WIDTH)
+      self.s['face_pos'].add(face_err)
+    blink = side.leftBlinkProb > 0.5 and side.rightBlinkProb > 0.5
+    self.s['eyes_ok'].add(blink == t['eyes_closed'])
+    self.s['phone_ok'].add((side.phoneProb > 0.5) == t['phone'])
+    self.s['dm_ms'].add(d.modelExecutionTime * 1e3)
+    self.driver = dict(frame=d.frameId, truth=t, side='right' if t['wheel_on_right'] else 'left', face_prob=side.faceProb, pos=pos,
+                       face_err=face_err, eyes=(side.leftEyeProb, side.rightEyeProb), blink=(side.leftBlinkProb, side.rightBlinkProb),
+                       phone=side.phoneProb, exec_ms=d.modelExecutionTime * 1e3, gpu_ms=d.gpuExecutionTime * 1e3)
+
+# ***** the view *****
+
+def _f(x: float, fmt: str = '.2f') -> str: return '  -  ' if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+def _yes(b) -> str: return 'yes' if b else 'no'
+
+def view(mon: Monitor, children: list[Child], now: float, t0: float, seconds: float | None, prefix: str) -> list[str]:
+  """The live view as lines of text."""
+  rate = lambda s: f"{mon.rates[s].hz(now):4.1f}/s"
+  run = f"{now - mon.first_output:5.1f} s" if mon.first_output else f"starting ({now - t0:.0f} s)"
+  out = [f"modeld-demo  scene {mon.scene.name} ({mon.scene.n_frames} frames, looping)  {run}"
+         f"{f' of {seconds:g} s' if seconds and mon.first_output else ''}  prefix {prefix}   Ctrl-C stops",
+         "processes  " + '  '.join(f"{c.name} {'running' if c.alive() else f'EXITED {c.proc.returncode}'}" for c in children),
+         f"rates      camera {rate('roadCameraState')}  modelV2 {rate('modelV2')}  driverStateV2 {rate('driverStateV2')}  "
+         f"driverMonitoringState {rate('driverMonitoringState')}", ""]
+  r = mon.road
+  if r is None: out += ["ROAD    waiting for modelV2 ..."]
+  else:
+    t = r['truth']
+    out.append(f"ROAD    frame {r['frame']} (scene frame {t['frame']}, t {t['t']:.2f} s)   curvature {t['road']['curvature']:.4f} 1/m  "
+               f"ego offset {t['road']['ego_offset']:+.2f} m")
+    out.append(f"  lane line y at {'/'.join(f'{x:g}' for x in SHOW_X)} m        model                  truth           max |err| 10-50 m")
+    for i, name in enumerate(('left ', 'right')):
+      got = '  '.join(f"{v:+6.2f}" for v in r['lines'][i]) if r['lines'] else '   -'
+      out.append(f"    ego {name}  prob {_f(r['probs'][i + 1] if len(r['probs']) == 4 else math.nan)}   {got}    "
+                 f"{'  '.join(f'{v:+6.2f}' for v in r['truth_lines'][i])}")
+    out[-2] += f"   {_f(r['lane_err'])} m"
+    tl = t['lead']
+    lead_truth = f"{tl['x']:5.1f} m" if tl['present'] else 'none'
+    err = f"{abs(r['lead_x'] - tl['x']) / tl['x'] * 100:4.1f} %" if tl['present'] else ''
+    out.append(f"  lead          prob {_f(r['lead_prob'])}   x {_f(r['lead_x'], '5.1f')} m   truth {lead_truth}   {err}")
+    out.append(f"  execution {r['exec_ms']:6.1f} ms (mean {_f(mon.s['model_ms'].mean(), '.1f')}, max {_f(mon.s['model_ms'].max(), '.1f')})"
+               f"   frameDropPerc {r['drop']:4.1f} %   camera frames without output {mon.skipped}")
+  out.append("")
+  d = mon.driver
+  if d is None: out += ["DRIVER  waiting for driverStateV2 ..."]
+  else:
+    t = d['truth']
+    tp = t['face'].get('position')
+    out.append(f"DRIVER  frame {d['frame']}   {d['side']}-hand side   face prob {d['face_prob']:.2f}   position "
+               f"({d['pos'][0]:+.3f}, {d['pos'][1]:+.3f}) truth " + (f"({tp[0]:+.3f}, {tp[1]:+.3f})  error {d['face_err'] * 100:.1f} % of width"
+                                                                     if tp else "no face"))
+    out.append(f"  eyes open {d['eyes'][0]:.2f} {d['eyes'][1]:.2f}  blink {d['blink'][0]:.2f} {d['blink'][1]:.2f} (truth: eyes "
+               f"{'closed' if t['eyes_closed'] else 'open'})   phone {d['phone']:.2f} (truth: {_yes(t['phone'])})")
+    if (s := mon.dms) is not None:
+      out.append(f"  awareness {s.awarenessStatus:.2f}   distracted {_yes(s.isDistracted)}   face detected {_yes(s.faceDetected)}   RHD {_yes(s.isRHD)}")
+    out.append(f"  execution {d['exec_ms']:6.1f} ms (gpu {d['gpu_ms']:.1f} ms; mean {_f(mon.s['dm_ms'].mean(), '.1f')}, "
+               f"max {_f(mon.s['dm_ms'].max(), '.1f')})")
+  return out
+
+def line(mon: Monitor, now: float) -> str:
+  """One line for a log (stdout not a terminal)."""
+  r, d = mon.road, mon.driver
+  parts = [f"t {now - mon.first_output:6.1f} s" if mon.first_output else "starting", f"camera {mon.rates['roadCameraState'].hz(now):.1f}/s",
+           f"modelV2 {mon.rates['modelV2'].hz(now):.1f}/s", f"driverStateV2 {mon.rates['driverStateV2'].hz(now):.1f}/s"]
+  if r: parts.append(f"frame {r['frame']}: lane err {_f(r['lane_err'])} m, lead {_f(r['lead_x'], '.1f')} m p {_f(r['lead_prob'])}, "
+                     f"exec {r['exec_ms']:.0f} ms, drop {r['drop']:.1f} %")
+  if d: parts.append(f"face p {d['face_prob']:.2f} err {_f(d['face_err'] * 100, '.1f')} %, blink {d['blink'][0]:.2f}, phone {d['phone']:.2f}")
+  if mon.dms: parts.append(f"awareness {mon.dms.awarenessStatus:.2f}")
+  return ' | '.join(parts)
+
+def summary(mon: Monitor, seconds: float) -> list[str]:
+  s, c = mon.s, mon.counts
+  hz = lambda n: f"{n / seconds:.1f}/s" if seconds > 0 else '-'
+  return [
+    f"summary ({seconds:.1f} s of outputs)",
+    f"  frames        camera {c['roadCameraState']} ({hz(c['roadCameraState'])}), modelV2 {c['modelV2']} ({hz(c['modelV2'])}), "
+    f"driverStateV2 {c['driverStateV2']} ({hz(c['driverStateV2'])}), driverMonitoringState {c['driverMonitoringState']}",
+    f"  drops         camera frames without modelV2 {mon.skipped}, frameDropPerc mean {_f(s['drop_perc'].mean(), '.1f')} % "
+    f"max {_f(s['drop_perc'].max(), '.1f')} %",
+    f"  lane lines    ego left/right |error| over 10-50 m: mean {_f(s['lane'].mean(), '.3f')} m, worst {_f(s['lane'].max(), '.3f')} m "
+    f"({len(s['lane'])} frames)",
+    f"  lead          distance error (10-80 m): mean {_f(s['lead_rel'].mean() * 100, '.1f')} %, worst {_f(s['lead_rel'].max() * 100, '.1f')} % "
+    f"({len(s['lead_rel'])} frames); prob without a lead: max {_f(s['lead_prob_none'].max())} ({len(s['lead_prob_none'])} frames)",
+    f"  driver        face position error: mean {_f(s['face_pos'].mean() * 100, '.1f')} %, worst {_f(s['face_pos'].max() * 100, '.1f')} % "
+    f"of the width; eyes right in {_f(s['eyes_ok'].frac() * 100, '.0f')} %, phone right in {_f(s['phone_ok'].frac() * 100, '.0f')} % "
+    f"of {len(s['eyes_ok'])} frames",
+    f"  execution     modelV2 mean {_f(s['model_ms'].mean(), '.1f')} ms, max {_f(s['model_ms'].max(), '.1f')} ms; "
+    f"driverStateV2 mean {_f(s['dm_ms'].mean(), '.1f')} ms, max {_f(s['dm_ms'].max(), '.1f')} ms"]
+
+# ***** the run *****
+
+def build_artifacts(artifacts: str, scene) -> None:
+  """modeld-compile --reference for the scene's camera sizes; it skips an unchanged build itself. Progress on stderr."""
+  sizes = sorted({(c.width, c.height) for c in scene.cameras.values()})
+  cmd = [sys.executable, '-m', 'modelrt.compile', '--reference', '--out', artifacts, *[a for w, h in sizes for a in ('--camera', f'{w}x{h}')]]
+  print(f"modeld-demo: artifacts: {' '.join(['modeld-compile', *cmd[3:]])}", flush=True)
+  t = time.monotonic()
+  if subprocess.run(cmd, stdin=subprocess.DEVNULL).returncode != 0: raise SystemExit("modeld-demo: the artifact build failed (above)")
+  print(f"modeld-demo: artifacts ready in {time.monotonic() - t:.1f} s", flush=True)
+
+def cleanup_runtime_dir() -> None:
+  """The private prefix's socket directory (ipc sockets, publisher locks, the VisionIPC socket): nobody uses it now."""
+  from msgq import runtime_dir
+  shutil.rmtree(runtime_dir(), ignore_errors=True)
+
+def main(argv: list[str] | None = None) -> int:
+  args = parse_args(argv)
+  from camerad.scene import load_scene, parse_scene, SceneError
+  try: scene = parse_scene(DEMO_SCENE, 'demo') if args.scene == 'demo' else load_scene(args.scene)
+  except (OSError, SceneError) as e:
+    print(f"modeld-demo: scene {args.scene!r}: {e}", file=sys.stderr)
+    return 2
+  (logdir := args.out / 'logs').mkdir(parents=True, exist_ok=True)
+  scene_spec = args.scene
+  if args.scene == 'demo':   # camerad and modeld-overlay read scenes from files
+    (scene_file := args.out / 'scene.json').write_text(json.dumps(DEMO_SCENE, indent=1))
+    scene_spec = str(scene_file)
+  build_artifacts(args.artifacts, scene)
+
+  prefix = f"demo{os.getpid()}"
+  os.environ['OPENPILOT_PREFIX'] = prefix   # before any socket: this process and its children use the private prefix
+  env = {**os.environ, 'DEV': os.environ.get('DEV', 'CPU')}
+  from cereal import messaging
+  from common.service import StopFlag
+  stop = StopFlag()
+  mon, children, socks = Monitor(scene), [], {}
+  tty, t0, exit_code = sys.stdout.isatty(), time.monotonic(), 0
+  try:
+    socks = {s: messaging.sub_sock(s, timeout=0) for s in OUTPUTS}   # before the publishers: their first messages are not missed
+    route = args.out / 'route'
+    children = [Child('camerad', 'camerad', ['--source', f'synthetic:{scene_spec}', '--loop', *(['--fps', str(args.fps)] if args.fps else [])], env, logdir),
+                Child('modeld', 'modeld', ['--artifacts', args.artifacts], env, logdir),
+                Child('dmonitoringd', 'dmonitoringd', ['--artifacts', args.artifacts], env, logdir),
+                Child('record', 'tools.record', ['--route', str(route)], env, logdir)]
+    print(f"modeld-demo: started {', '.join(f'{c.name} (pid {c.proc.pid})' for c in children)}; logs in {logdir}", flush=True)
+    if tty: sys.stdout.write('\x1b[?25l')   # hide the cursor while redrawing
+    next_draw = 0.
+    while not stop:
+      now = time.monotonic()
+      for svc, sock in socks.items():
+        for ev in messaging.drain_sock(sock): mon.update(svc, ev, now)
+      if dead := [c for c in children if not c.alive()]:
+        print(f"\nmodeld-demo: {dead[0].name} exited with code {dead[0].proc.returncode}; its log ({dead[0].log}) ends:\n{dead[0].tail()}",
+              file=sys.stderr)
+        exit_code = 1
+        break
+      if mon.first_output is None and now - t0 > STARTUP_TIMEOUT:
+        print(f"\nmodeld-demo: no outputs within {STARTUP_TIMEOUT:g} s; modeld's log ends:\n{children[1].tail()}", file=sys.stderr)
+        exit_code = 1
+        break
+      if args.seconds is not None and mon.first_output is not None and now - mon.first_output >= args.seconds: break
+      if now >= next_draw:
+        if tty: sys.stdout.write('\x1b[H\x1b[J' + '\n'.join(view(mon, children, now, t0, args.seconds, prefix)) + '\n')
+        else: print(line(mon, now))
+        sys.stdout.flush()
+        next_draw = now + (0.25 if tty else 2.)
+      time.sleep(0.02)
+  finally:
+    if tty: sys.stdout.write('\x1b[?25h\n')
+    duration = time.monotonic() - mon.first_output if mon.first_output else 0.
+    # camera and daemons first, the recorder last so it keeps their final messages
+    rcs = stop_children(children[:3]) | stop_children(children[3:])
+    for s in socks.values(): s.close()
+    cleanup_runtime_dir()
+  bad = {n: rc for n, rc in rcs.items() if rc not in (0, -signal.SIGTERM)}
+  print(f"modeld-demo: stopped {', '.join(f'{n} ({rc})' for n, rc in rcs.items())}" +
+        (f"; unclean: {bad}, logs in {logdir}" if bad else ''))
+  print('\n'.join(summary(mon, duration)))
+  if exit_code == 0 and bad: exit_code = 1
+  if not args.no_overlay and mon.counts['modelV2'] and (route / f'{route.name}--0').is_dir():
+    out = args.out / 'overlay.mp4'
+    # the frames of one pass of the scene at most: the overlay re-renders each frame from the scene
+    cmd = [sys.executable, '-m', 'tools.overlay', str(route), '--scene', scene_spec, '--out', str(out), '--width', '960',
+           '--frames', str(min(scene.n_frames, OVERLAY_FRAMES))]
+    if subprocess.run(cmd, stdin=subprocess.DEVNULL).returncode == 0: print(f"modeld-demo: overlay video: {out}")
+    else: exit_code = exit_code or 1
+  print(f"modeld-demo: recorded route: {route}")
+  return exit_code
+
+if __name__ == '__main__':
+  sys.exit(main())
