@@ -187,27 +187,37 @@ def render(rgb: np.ndarray, m: FrameMsgs, camera: str) -> Image.Image:
 # ---- inputs: (frame messages, RGB frame) pairs
 
 def route_msgs(route: str, camera: str) -> dict[int, FrameMsgs]:
-  """Per frame id, the route's outputs for that camera's frames and the calibration in force when they came."""
+  """Per frame id, the route's outputs for that camera's frames and the calibration in force when they came (frames
+  before the route's first liveCalibration get that first one: a recording often starts between two)."""
   from tools.logreader import LogReader
-  state_svc, out = CAMERAS[camera][1], {}
-  rpy, height, sensor, size = (0., 0., 0.), CAM_HEIGHT, 'ar0231', None
+  state_svc, out, uncalibrated = CAMERAS[camera][1], {}, []
+  calib, sensor, size = None, 'ar0231', None
   states: dict[int, tuple] = {}
+  sensor_of: dict[int, str] = {}
   def frame(fid: int) -> FrameMsgs:
-    if fid not in out: out[fid] = FrameMsgs(fid, rpy=rpy, height=height, sensor=sensor, size=states.get(fid, size))
+    if fid not in out:
+      out[fid] = FrameMsgs(fid, sensor=sensor, size=states.get(fid, size))
+      if calib is None: uncalibrated.append(out[fid])
+      else: out[fid].rpy, out[fid].height = calib
     return out[fid]
   for ev in LogReader(route):
     w = ev.which()
     if w == 'liveCalibration':
       c = ev.liveCalibration
-      if len(c.rpyCalib) == 3: rpy = tuple(c.rpyCalib)
-      if len(c.height): height = float(c.height[0])
+      calib = (tuple(c.rpyCalib) if len(c.rpyCalib) == 3 else (calib or ((0., 0., 0.),))[0],
+               float(c.height[0]) if len(c.height) else CAM_HEIGHT)
+      for m in uncalibrated: m.rpy, m.height = calib
+      uncalibrated.clear()
     elif w == state_svc:
       st = getattr(ev, w)
       sensor, size = str(st.sensor), (st.width, st.height) if st.width and st.height else size
-      states[st.frameId] = size
+      states[st.frameId], sensor_of[st.frameId] = size, sensor
     elif w == 'modelV2' and camera != 'driver': frame(ev.modelV2.frameId if camera == 'road' else ev.modelV2.frameIdExtra).model = ev.modelV2
     elif w == 'driverStateV2' and camera == 'driver': frame(ev.driverStateV2.frameId).driver = ev.driverStateV2
     elif w == 'driverMonitoringState' and camera == 'driver': frame(ev.driverMonitoringState.frameId).dm_state = ev.driverMonitoringState
+  first = next(iter(states.items()), None)   # frames before the first camera state: the camera as it first shows
+  for m in out.values():
+    if m.size is None and first is not None: m.size, m.sensor = first[1], sensor_of[first[0]]
   return {fid: m for fid, m in sorted(out.items()) if (m.driver if camera == 'driver' else m.model) is not None}
 
 def video_files(route: str, camera: str) -> list[Path]:
@@ -241,13 +251,12 @@ def route_frames(route: str, camera: str, scene: str | None, frames: int | None,
     sc = load_scene(scene)
     for m in msgs.values(): m.cam = sc.cameras[CAMERAS[camera][2]]
   def gen():
-    if background == 'video':
-      want = set(ids)
+    if background == 'video':   # the frames that are in the video and have outputs, up to `frames` of them
+      n = 0
       for fid, rgb in video_frames(route, camera):
-        if fid in want:
-          want.discard(fid)
-          yield msgs[fid], rgb
-        if not want: return
+        if fid in msgs:
+          yield msgs.pop(fid), rgb
+          if (n := n + 1) == frames: return
     elif background == 'scene':
       from camerad.render import SceneRenderer
       from msgq.visionipc.layout import NV12Layout

@@ -1,0 +1,283 @@
+"""modeld-dump, modeld-overlay and modeld-plot against real processes and sockets.
+
+A small stack runs once per module: camerad on a 320x200 synthetic scene in lockstep, modeld-record recording it
+with video, modeld-overlay --live drawing it, and a stand-in model process that answers every camera frame with
+modelV2 / driverStateV2 / driverMonitoringState computed from the scene's ground truth (so the drawn lane lines
+must land on the painted ones)."""
+import base64, json, os, re, shutil, signal, subprocess, sys, time, uuid
+from pathlib import Path
+import av
+import numpy as np
+import pytest
+from PIL import Image
+from camerad.scene import load_scene
+from modelrt.geometry import camera_from_calib
+
+BIN = Path(sys.executable).parent
+N_FRAMES = 20
+SCENE = {"name": "tools", "calib": [0.01, 0.02, -0.015], "frames": N_FRAMES, "seed": 3, "road": {"speed": 20.0},
+         "lead": {"distance": [[0, 30.0], [1.0, 20.0]], "offset": 0.1},
+         "driver": {"eyes_closed": [[0, False], [0.3, True]], "phone": {"present": True}},
+         "intrinsics": {c: {"width": 320, "height": 200, "focal_length": f} for c, f in (("road", 439.5), ("wide", 94.1), ("driver", 94.1))}}
+
+# answers each camera frame like the daemons would (a VisionIPC client of road and driver), from the scene's truth
+MODEL = r"""
+import sys, time
+from camerad.scene import load_scene
+from cereal import messaging
+from modelrt.constants import X_IDXS, T_IDXS
+from msgq.visionipc import DRIVER, ROAD, VisionIpcClient
+sc = load_scene(sys.argv[1])
+pm = messaging.PubMaster(['modelV2', 'driverStateV2', 'driverMonitoringState'])
+clients = {s: VisionIpcClient('camerad', s, conflate=False) for s in (ROAD, DRIVER)}
+for c in clients.values(): c.connect(blocking=True)
+print('ready', flush=True)
+sys.stdin.readline()   # go: the recorder and the live overlay are up
+while True:
+  for stream, c in clients.items():
+    if (buf := c.recv(timeout_ms=20)) is None: continue
+    fid = buf.frame_id
+    del buf
+    time.sleep(0.03)   # about a model's pace, so the live overlay keeps up
+    t = sc.truth(fid)
+    if stream == ROAD:
+      m = messaging.new_message('modelV2')
+      mv = m.modelV2
+      mv.frameId = mv.frameIdExtra = fid
+      mv.modelExecutionTime, mv.frameDropPerc, mv.confidence = 0.010 + 0.002 * (fid % 3), 0.0, 'green'
+      for dst, src in ((mv.init('laneLines', 4), t['road']['lane_lines']), (mv.init('roadEdges', 2), t['road']['road_edges'])):
+        for l, s in zip(dst, src): l.x, l.y, l.z = X_IDXS.tolist(), s['y'], [sc.height] * len(X_IDXS)
+      mv.laneLineProbs = [0.4, 0.95, 0.95, 0.4]
+      mv.position.x, mv.position.y, mv.position.z = (T_IDXS * t['v_ego']).tolist(), [0.] * 33, [0.] * 33
+      lead = mv.init('leadsV3', 3)[0]
+      lead.prob, lead.x, lead.y, lead.v = 0.9, [t['lead']['x']] * 6, [t['lead']['y']] * 6, [t['lead']['v']] * 6
+      pm.send('modelV2', m)
+    else:
+      d = t['driver']
+      m = messaging.new_message('driverStateV2')
+      ds = m.driverStateV2
+      ds.frameId, ds.modelExecutionTime = fid, 0.005
+      for dd in (ds.leftDriverData, ds.rightDriverData):
+        dd.facePosition, dd.faceProb = d['face']['position'], 0.97
+        dd.leftEyeProb = dd.rightEyeProb = 0.9
+        dd.leftBlinkProb = dd.rightBlinkProb = 0.95 if d['eyes_closed'] else 0.05
+        dd.phoneProb = 0.9 if d['phone'] else 0.1
+      s = messaging.new_message('driverMonitoringState')
+      s.driverMonitoringState.frameId, s.driverMonitoringState.awarenessStatus = fid, 1.0 - fid / 20
+      s.driverMonitoringState.isDistracted = d['eyes_closed']
+      pm.send('driverStateV2', m)
+      pm.send('driverMonitoringState', s)
+"""
+
+def start(args, env, **kw) -> subprocess.Popen:
+  return subprocess.Popen([str(a) for a in args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+def stop(p: subprocess.Popen, sig=signal.SIGINT, timeout: float = 20) -> tuple[str, str]:
+  if p.poll() is None: p.send_signal(sig)
+  try: return p.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    p.kill()
+    return p.communicate()
+
+@pytest.fixture(scope='module')
+def stack(tmp_path_factory):
+  d = tmp_path_factory.mktemp('stack')
+  (d / 'scene.json').write_text(json.dumps(SCENE))
+  env = {**os.environ, 'OPENPILOT_PREFIX': f"tools{uuid.uuid4().hex[:8]}", 'PYTHONUNBUFFERED': '1'}
+  procs = []
+  try:
+    # camerad first: in lockstep it waits for the model's client, then for each frame's outputs
+    cam = start([BIN / 'camerad', '--source', f"synthetic:{d / 'scene.json'}", '--cameras', 'road,driver', '--lockstep', '--lockstep-timeout', '30'], env)
+    procs.append(cam)
+    while 'serving' not in (line := cam.stderr.readline()): assert line, cam.communicate()[1]
+    model = start([sys.executable, '-c', MODEL, d / 'scene.json'], env, stdin=subprocess.PIPE)
+    procs.append(model)
+    assert model.stdout.readline().strip() == 'ready', model.stderr.read()
+    rec = start([BIN / 'modeld-record', '--route', d / 'route', '--video', 'road,driver'], env)
+    procs.append(rec)
+    while 'recording' not in (line := rec.stderr.readline()): assert line, 'modeld-record ended before recording'
+    live = start([BIN / 'modeld-overlay', '--live', '--frames', '5', '--out', d / 'live.mp4', '--quiet', '--timeout', '30'], env)
+    procs.append(live)
+    time.sleep(1.0)   # the recorder's and the overlay's camera clients connect
+    model.stdin.write('go\n')
+    model.stdin.flush()
+    cam_err = cam.communicate(timeout=120)[1]
+    assert cam.returncode == 0, cam_err
+    live_out = live.communicate(timeout=60)
+    time.sleep(0.6)   # the recorder flushes every 0.5 s
+    rec_out = stop(rec)
+    assert rec.returncode == 0, rec_out[1]
+    yield {'dir': d, 'route': d / 'route', 'scene': load_scene(d / 'scene.json'), 'env': env, 'live': (live.returncode, *live_out)}
+  finally:
+    for p in procs: stop(p, signal.SIGKILL)
+
+def run(args, env=None, timeout=60) -> subprocess.CompletedProcess:
+  return subprocess.run([str(a) for a in args], env=env, capture_output=True, text=True, timeout=timeout)
+
+def decode(path: Path) -> list[tuple[int, np.ndarray]]:
+  with av.open(str(path)) as c: return [(f.pts, f.to_ndarray(format='rgb24')) for f in c.decode(video=0)]
+
+def road_pixel(scene, x: float, y: float) -> tuple[int, int]:
+  """The road camera pixel of the road point x ahead, y right (calibrated frame, road at camera height)."""
+  p = camera_from_calib(scene.calib, scene.cameras['road']) @ [x, y, scene.height]
+  return int(round(p[0] / p[2])), int(round(p[1] / p[2]))
+
+# ---- modeld-dump
+
+PUB = r"""
+import time
+from cereal import messaging
+pm = messaging.PubMaster(['modelV2', 'carState'])
+garbage = messaging.pub_sock('driverStateV2')
+print('ready', flush=True)
+i = 0
+while True:
+  m = messaging.new_message('modelV2')
+  m.modelV2.frameId, m.modelV2.rawPredictions, m.modelV2.laneLineProbs = i, bytes(range(64)), [0.25, 0.5]
+  pm.send('modelV2', m)
+  c = messaging.new_message('carState')
+  c.carState.vEgo = 20.5
+  pm.send('carState', c)
+  if i % 4 == 0: garbage.send(b'not a capnp message')
+  i += 1
+  time.sleep(0.05)
+"""
+
+@pytest.fixture(scope='module')
+def publisher():
+  prefix = f"dump{uuid.uuid4().hex[:8]}"
+  p = start([sys.executable, '-c', PUB], {**os.environ, 'OPENPILOT_PREFIX': prefix, 'MSGQ_TCP': '0.0.0.0'})
+  assert p.stdout.readline().strip() == 'ready', p.stderr.read()
+  yield prefix
+  stop(p, signal.SIGKILL)
+
+def test_dump_text(publisher):
+  # the publisher runs under another prefix than this test's: --prefix selects it
+  r = run([BIN / 'modeld-dump', '--prefix', publisher, 'modelV2', '-n', '2'], timeout=30)
+  assert r.returncode == 0, r.stderr
+  assert r.stdout.count('modelV2 = (') == 2
+  assert 'rawPredictions = "<64 bytes>"' in r.stdout and 'laneLineProbs = [0.25, 0.5]' in r.stdout
+  assert 'frameId = ' in r.stdout
+
+def test_dump_json(publisher):
+  r = run([BIN / 'modeld-dump', '--prefix', publisher, '--json', 'modelV2', 'carState', '-n', '6'], timeout=30)
+  assert r.returncode == 0, r.stderr
+  lines = [json.loads(l) for l in r.stdout.splitlines()]
+  assert len(lines) == 6 and {next(iter(l)) for l in lines} == {'modelV2', 'carState'}
+  mv = next(l for l in lines if 'modelV2' in l)
+  assert base64.b64decode(mv['modelV2']['rawPredictions']) == bytes(range(64)) and mv['modelV2']['laneLineProbs'] == [0.25, 0.5]
+  assert next(l for l in lines if 'carState' in l)['carState']['vEgo'] == 20.5 and isinstance(mv['logMonoTime'], int)
+  r = run([BIN / 'modeld-dump', '--prefix', publisher, '--json', '--bytes', 'length', 'modelV2', '-n', '1'], timeout=30)
+  assert json.loads(r.stdout)['modelV2']['rawPredictions'] == {'bytes': 64}
+
+def test_dump_malformed_counted(publisher):
+  r = run([BIN / 'modeld-dump', '--prefix', publisher, 'driverStateV2', 'modelV2', '-n', '12'], timeout=30)
+  assert r.returncode == 0, r.stderr
+  assert r.stdout.count('modelV2 = (') == 12
+  assert re.search(r'driverStateV2: malformed message \(19 bytes\).*\(1 so far\)', r.stderr), r.stderr
+
+def test_dump_hz(publisher):
+  r = run([BIN / 'modeld-dump', '--prefix', publisher, '--hz', 'modelV2', 'driverStateV2', 'liveCalibration', '-n', '50'], timeout=30)
+  assert r.returncode == 0, r.stderr
+  # the last table: service, Hz, expected Hz, msgs, dt min / avg / max (ms), malformed
+  rows = {l.split()[0]: l.split() for l in r.stdout.splitlines()[-3:]}
+  assert 14 < float(rows['modelV2'][1]) < 26 and 40 < float(rows['modelV2'][5]) < 70, r.stdout
+  assert int(rows['driverStateV2'][-1]) > 0 and 'nothing received' in ' '.join(rows['liveCalibration'])
+
+def test_dump_remote_addr(publisher):
+  # 127.0.1.1 is not "local" to msgq: it goes over TCP to the publisher's MSGQ_TCP port
+  r = run([BIN / 'modeld-dump', '--prefix', publisher, '--addr', '127.0.1.1', '--json', 'carState', '-n', '1'], timeout=30)
+  assert r.returncode == 0, r.stderr
+  assert json.loads(r.stdout)['carState']['vEgo'] == 20.5
+
+def test_dump_usage_errors():
+  r = run([BIN / 'modeld-dump', 'modelV2', 'fooState'])
+  assert r.returncode == 2 and "unknown service 'fooState'" in r.stderr and 'driverStateV2' in r.stderr
+  r = run([BIN / 'modeld-dump'])
+  assert r.returncode == 2 and 'known services: modelV2' in r.stderr
+
+# ---- modeld-overlay
+
+def test_overlay_route_mp4(stack, tmp_path):
+  out = tmp_path / 'o.mp4'
+  r = run([BIN / 'modeld-overlay', stack['route'], '--out', out, '--quiet'])
+  assert r.returncode == 0, r.stderr
+  recorded = {pts for pts, _ in decode(next(stack['route'].glob('*--0')) / 'road.mkv')}
+  frames = decode(out)
+  assert len(frames) == len(recorded) >= N_FRAMES - 2 and frames[0][1].shape == (200, 320, 3)
+
+def test_overlay_draws_lanes_where_they_are(stack, tmp_path):
+  r = run([BIN / 'modeld-overlay', stack['route'], '--out', tmp_path, '--frames', '2', '--quiet'])
+  assert r.returncode == 0, r.stderr
+  pngs = sorted(tmp_path.glob('frame_*.png'))
+  assert len(pngs) == 2
+  fid = int(pngs[0].stem.split('_')[1])
+  raw = dict(decode(next(stack['route'].glob('*--0')) / 'road.mkv'))[fid].astype(int)
+  out = np.asarray(Image.open(pngs[0])).astype(int)
+  sc = stack['scene']
+  lane_y = sc.truth(fid)['road']['lane_lines'][1]['y'][0]
+  u, v = road_pixel(sc, 15.0, lane_y)
+  assert np.abs(out[v, u] - raw[v, u]).max() > 60, (out[v, u], raw[v, u])   # the left ego lane line is drawn there
+  assert np.abs(out[5:30, -40:-5] - raw[5:30, -40:-5]).max() <= 2             # the sky in the top right corner is not touched
+
+def test_overlay_driver(stack, tmp_path):
+  r = run([BIN / 'modeld-overlay', stack['route'], '--camera', 'driver', '--out', tmp_path, '--frames', '1', '--quiet'])
+  assert r.returncode == 0, r.stderr
+  png = next(tmp_path.glob('frame_*.png'))
+  fid = int(png.stem.split('_')[1])
+  raw = dict(decode(next(stack['route'].glob('*--0')) / 'driver.mkv'))[fid].astype(int)
+  out = np.asarray(Image.open(png)).astype(int)
+  u, v = (int(c) for c in stack['scene'].truth(fid)['driver']['face']['camera_px'])
+  changed = np.abs(out - raw).max(-1) > 40
+  assert changed[max(0, v - 40):v + 40, max(0, u - 40):u + 40].any()   # the face box and eyes around the face
+  assert not changed[60:150, -60:].any() or u > 220                     # the cabin far right of the face is not
+
+def test_overlay_without_video(stack, tmp_path):
+  seg = tmp_path / 'novideo' / 'novideo--0'
+  seg.mkdir(parents=True)
+  shutil.copy(next(stack['route'].glob('*--0')) / 'rlog.zst', seg)
+  r = run([BIN / 'modeld-overlay', seg.parent, '--out', tmp_path / 'blank', '--frames', '1', '--quiet'])
+  assert r.returncode == 0, r.stderr
+  blank = np.asarray(Image.open(next((tmp_path / 'blank').glob('*.png'))))
+  assert blank.shape == (200, 320, 3) and (blank[5:30, -40:-5] == 40).all()   # the camera's size, a plain canvas
+  r = run([BIN / 'modeld-overlay', seg.parent, '--scene', stack['dir'] / 'scene.json', '--out', tmp_path / 'scene', '--frames', '1', '--quiet'])
+  assert r.returncode == 0, r.stderr
+  img = np.asarray(Image.open(next((tmp_path / 'scene').glob('*.png'))))
+  assert img.shape == (200, 320, 3) and img[5:30, -40:-5].mean() > 150   # the scene's sky
+
+def test_overlay_live(stack):
+  rc, out, err = stack['live']
+  assert rc == 0, err
+  assert len(decode(stack['dir'] / 'live.mp4')) == 5
+
+def test_overlay_errors(stack, tmp_path):
+  r = run([BIN / 'modeld-overlay', tmp_path / 'nope'])
+  assert r.returncode == 2 and 'does not exist' in r.stderr
+  r = run([BIN / 'modeld-overlay', stack['route'], '--live'])
+  assert r.returncode == 2
+  seg = tmp_path / 'empty' / 'empty--0'
+  seg.mkdir(parents=True)
+  (seg / 'rlog.zst').write_bytes(b'')
+  r = run([BIN / 'modeld-overlay', seg.parent, '--quiet'])
+  assert r.returncode != 0 and 'no modelV2' in r.stderr
+
+# ---- modeld-plot
+
+def test_plot(stack, tmp_path):
+  r = run([BIN / 'modeld-plot', stack['route'], '--out', tmp_path])
+  assert r.returncode == 0, r.stderr
+  names = {Path(l).name for l in r.stdout.split()}
+  assert names == {'timing.png', 'lanes.png', 'lead.png', 'driver.png'}
+  for n in names:
+    img = Image.open(tmp_path / n)
+    assert img.width == 1400 and len(img.getcolors(1 << 16) or range(1000)) > 20   # axes, text and coloured series
+  # the series are drawn: the palette's first colour (modelV2's execution time) is in the timing panel
+  px = np.asarray(Image.open(tmp_path / 'timing.png'))
+  assert (np.abs(px - (31, 119, 180)).max(-1) < 10).sum() > 100
+
+def test_plot_empty_route(tmp_path):
+  seg = tmp_path / 'r' / 'r--0'
+  seg.mkdir(parents=True)
+  (seg / 'rlog.zst').write_bytes(b'')
+  r = run([BIN / 'modeld-plot', seg.parent])
+  assert r.returncode == 1 and 'no modelV2' in r.stderr
