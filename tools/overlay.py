@@ -27,6 +27,7 @@ CAM_HEIGHT = 1.22          # m, when no liveCalibration.height was seen
 CAR_HALF_WIDTH = 0.9       # m: the path is drawn as wide as a car, the lead box too
 LEAD_HEIGHT = 1.5          # m
 LEAD_MIN_PROB = 0.3        # leads drawn from this probability on (their panel line always shows)
+KEEP_FRAMES = 20           # live: camera frames kept (copied) while their outputs are awaited: 1 s at 20 Hz
 FACE_BOX = 0.3             # face box side, fraction of the driver model frame's height
 GREEN, YELLOW, RED, WHITE, BLUE, GREY = (40, 220, 80), (250, 210, 40), (240, 50, 40), (255, 255, 255), (60, 140, 255), (150, 150, 150)
 CONFIDENCE_COLOURS = {'green': GREEN, 'yellow': YELLOW, 'red': RED}
@@ -290,15 +291,16 @@ def live_frames(name: str, camera: str, frames: int | None, timeout: float) -> t
   client = VisionIpcClient(name, stream, conflate=False)
   client.connect(blocking=True)
   def gen():
-    kept: dict[int, np.ndarray] = {}
+    kept: dict[int, tuple] = {}
     ms: dict[int, FrameMsgs] = {}
     rpy, height, sensor, done, idle = (0., 0., 0.), CAM_HEIGHT, 'ar0231', 0, time.monotonic()
     try:
       while frames is None or done < frames:
         if (buf := client.recv(timeout_ms=20)) is not None:
-          rgb = nv12_to_rgb(np.array(buf.array), buf.width, buf.height, buf.stride, buf.uv_offset)
-          if not buf.overwritten(): kept[buf.frame_id] = rgb   # a torn frame is not shown
-          for old in sorted(kept)[:-30]: del kept[old]
+          nv12 = np.array(buf.array)   # a copy: the buffer is reused for later frames
+          if not buf.overwritten(): kept[buf.frame_id] = (nv12, buf.width, buf.height, buf.stride, buf.uv_offset)   # a torn frame is not shown
+          del buf
+          for old in sorted(kept)[:-KEEP_FRAMES]: del kept[old]
         for sock in poller.poll(0):
           while (dat := sock.receive(non_blocking=True)) is not None:
             try: ev = log_from_bytes(dat)
@@ -317,7 +319,7 @@ def live_frames(name: str, camera: str, frames: int | None, timeout: float) -> t
           ready = m.model is not None or (m.driver is not None and (m.dm_state is not None or fid < max(ms)))
           if ready and fid in kept:
             m.rpy, m.height, m.sensor = rpy, height, sensor
-            yield m, kept.pop(fid)
+            yield m, nv12_to_rgb(*kept.pop(fid))
             done, idle = done + 1, time.monotonic()
             del ms[fid]
             if frames is not None and done >= frames: return
