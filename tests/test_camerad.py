@@ -29,9 +29,9 @@ def scene_file(tmp_path_factory) -> Path:
   p.write_text(json.dumps(TINY))
   return p
 
-def spawn(module: str, *args: str) -> subprocess.Popen:
+def spawn(module: str, *args: str, env: dict | None = None) -> subprocess.Popen:
   return subprocess.Popen([sys.executable, "-m", module, *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
+                          stderr=subprocess.PIPE, text=True, env=env)
 
 def finish(p: subprocess.Popen, timeout: float = 20) -> tuple[int, str]:
   try: _, err = p.communicate(timeout=timeout)
@@ -41,7 +41,7 @@ def finish(p: subprocess.Popen, timeout: float = 20) -> tuple[int, str]:
     pytest.fail(f"{p.args} did not exit within {timeout} s; stderr:\n{err}")
   return p.returncode, err
 
-def camerad(*args: str) -> subprocess.Popen: return spawn("camerad", *args)
+def camerad(*args: str, env: dict | None = None) -> subprocess.Popen: return spawn("camerad", *args, env=env)
 
 def wait_for_server(p: subprocess.Popen, name: str = "camerad", timeout: float = 20) -> set[int]:
   deadline = time.monotonic() + timeout
@@ -126,22 +126,24 @@ def test_synthetic_lockstep_pixel_exact_with_states(scene_file):
     if p.poll() is None: p.kill()
 
 def test_real_time_explicit_layout_and_frames(scene_file):
-  """Paced by --fps, one camera, a padded layout given as WxH:stride:uv_offset:size; --frames N then exit 0."""
+  """Paced by --fps, one camera, a padded layout given as WxH:stride:uv_offset:size; --start, --loop (each pass starts
+  over at --start, frame ids keep increasing), --frames N then exit 0."""
   scene, layout = load_scene(scene_file), NV12Layout(192, 120, 256, 256 * 128, 256 * 128 + 256 * 64)
-  p = camerad("--source", f"synthetic:{scene_file}", "--cameras", "road", "--fps", "20", "--frames", "16", "--loop", "--layout", str(layout))
+  p = camerad("--source", f"synthetic:{scene_file}", "--cameras", "road", "--fps", "20", "--start", "3", "--frames", "16", "--loop",
+              "--layout", str(layout))
   try:
     assert wait_for_server(p) == {ROAD}
     (client,) = connect([ROAD]).values()
     assert client.layout == layout
     r, got, t = SceneRenderer(scene, "road", layout), [], []
     while (buf := client.recv(2000)) is not None:
-      assert planes_equal(buf, r.render(buf.frame_id % scene.n_frames)) and not buf.overwritten()
+      assert planes_equal(buf, r.render(3 + (buf.frame_id - 3) % (scene.n_frames - 3))) and not buf.overwritten()
       got.append(buf.frame_id)
       t.append(buf.timestamp_sof)
       del buf
     rc, err = finish(p)
     assert rc == 0, err
-    assert got and got == list(range(got[0], 16)) and len(got) >= 8, got   # --loop keeps ids increasing past the scene
+    assert got and got == list(range(got[0], 3 + 16)) and len(got) >= 8, got
     assert all(np.diff(t) > 0)
   finally:
     if p.poll() is None: p.kill()
@@ -242,7 +244,9 @@ def test_bad_video_files(tmp_path):
   (tmp_path / "empty.mkv").write_bytes(b"")
   cases = {"garbage.mp4": (1, "cannot open as video"), "cut.mp4": (1, "cannot open as video"), "empty.mkv": (1, "cannot open as video"),
            "missing.mp4": (1, "no such file"), "cut.ts": (0, "served"), "damaged.h264": (None, None)}
-  procs = {f: camerad("--source", tmp_path / f, "--fps", "200", "--name", f"bad{i}") for i, f in enumerate(cases)}
+  # in parallel, each on its own prefix (one publisher per endpoint and prefix)
+  procs = {f: camerad("--source", tmp_path / f, "--fps", "200", env={**os.environ, "OPENPILOT_PREFIX": f"{os.environ['OPENPILOT_PREFIX']}{i}"})
+           for i, f in enumerate(cases)}
   for f, (code, text) in cases.items():
     rc, err = finish(procs[f], 30)
     if code is None:
@@ -252,6 +256,19 @@ def test_bad_video_files(tmp_path):
       if rc == 1: assert str(tmp_path / f) in err, "the error names the file"
   rc, err = finish(camerad("--source", f"wide={good}", "--source", f"wide={mp4}"))
   assert rc == 1 and "camera wide given twice" in err
+
+def test_v4l2_device():
+  devices = sorted(str(p) for p in Path("/dev").glob("video*"))
+  if not devices: pytest.skip("no V4L2 device (/dev/video*) on this machine")
+  p = camerad("--source", devices[0], "--frames", "3")
+  try:
+    wait_for_server(p)
+    (client,) = connect([ROAD]).values()
+    rc, err = finish(p, 30)
+    assert rc == 0 and "served 3 frames" in err, err
+    client.close()
+  finally:
+    if p.poll() is None: p.kill()
 
 # ---- recorded logs
 def test_log_replay_with_video(scene_file, tmp_path):
@@ -299,3 +316,28 @@ def test_log_replay_with_video(scene_file, tmp_path):
     assert replayed and replayed == cars[len(cars) - len(replayed):], "carState is replayed byte for byte"
   finally:
     if p.poll() is None: p.kill()
+
+def test_log_replay_messages_only(tmp_path):
+  """A route without video: camera states and the rest are republished as recorded, byte for byte, at their pace."""
+  from tools.record import LogWriter
+  seg = tmp_path / "r" / "r--0"
+  seg.mkdir(parents=True)
+  t0, recorded = time.monotonic_ns(), []
+  for i in range(20):
+    for svc in ("roadCameraState", "carState"):
+      msg = messaging.new_message(svc, logMonoTime=t0 + i * 100_000_000)
+      if svc == "roadCameraState": msg.roadCameraState.frameId = i
+      else: msg.carState.vEgo = i
+      recorded.append((svc, msg.to_bytes()))
+  w = LogWriter(seg / "rlog.zst")
+  for _, dat in recorded: w.write(dat)
+  w.close()
+  socks = {svc: messaging.sub_sock(svc) for svc in ("roadCameraState", "carState")}
+  t = time.monotonic()
+  rc, err = finish(camerad("--source", tmp_path / "r"))
+  assert rc == 0 and "messages only" in err, err
+  assert time.monotonic() - t > 1.9, "replayed at the recorded pace (2 s)"
+  for svc, sock in socks.items():
+    got, sent = messaging.drain_sock_raw(sock), [d for s, d in recorded if s == svc]
+    # the subscription connects while camerad starts up; from then on nothing is lost or changed
+    assert len(got) >= 10 and got == sent[len(sent) - len(got):], svc
