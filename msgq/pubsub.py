@@ -20,14 +20,15 @@ Guarantees (each has a test in tests/test_msgq.py):
   from the endpoint's largest message so what is queued per subscriber stays within QUEUE_BYTES (and at
   least 16 messages);
 - a message larger than a subscriber's max_size is refused by it (counted in `refused`, logged); publishers
-  refuse to send more than their own max_size. Only a message over 16 MiB and over the subscriber's max_size
-  (a foreign publisher) ends the connection, as a ZMQ protocol error, until the subscriber is re-created;
+  refuse to send more than their own max_size. Only a message over 4x the subscriber's max_size (from a
+  publisher with another services table) ends the connection, as a ZMQ protocol error, until the subscriber
+  is re-created;
 - a restarted publisher (same process or another) is re-connected to by existing subscribers within
   RECONNECT_IVL_MAX; messages it sends before that are lost, as with any new subscriber. ZMQ re-sends the
   subscription on the subscriber's own thread, the next time it receives or polls, so a publisher's
   wait_for_readers() sees an idle subscriber only once it reads again.
 """
-import errno, fcntl, logging, os, select, threading, time
+import errno, fcntl, logging, os, select, threading, time, weakref
 import zmq
 
 DEFAULT_MAX_SIZE = 16 * 1024 * 1024   # largest message on an endpoint the caller gave no size for
@@ -122,7 +123,8 @@ class PubSocket:
       s.close(); os.close(self._lock_fd)
       raise IpcError(f"cannot publish {endpoint!r}: {e}") from None
     self.sock, self.readers, self._mutex, self._closed = s, 0, threading.Lock(), False
-    self._pump = threading.Thread(target=self._pump_loop, name=f"msgq-pub-{endpoint}", daemon=True)
+    # the pump holds only a weak reference, so a publisher dropped without close() is still closed (by __del__)
+    self._pump = threading.Thread(target=_pump, args=(weakref.ref(self), s.getsockopt(zmq.FD)), name=f"msgq-pub-{endpoint}", daemon=True)
     self._pump.start()
 
   def _process(self) -> None:
@@ -136,16 +138,6 @@ class PubSocket:
       elif sub[:1] == b"\x00":   # a subscriber left (our subscribers never unsubscribe while connected)
         self.sock.setsockopt(zmq.UNSUBSCRIBE, sub[1:])
         self.readers = max(0, self.readers - 1)
-
-  def _pump_loop(self) -> None:
-    fd = self.sock.getsockopt(zmq.FD)
-    while not self._closed:
-      try: select.select([fd], [], [], 0.1)
-      except (OSError, ValueError): return
-      with self._mutex:
-        if self._closed: return
-        try: self._process()
-        except zmq.ZMQError: return
 
   def send(self, data: bytes | bytearray | memoryview) -> int:
     """Queue data for every subscriber; never blocks (a subscriber whose queue is full misses it).
@@ -176,7 +168,7 @@ class PubSocket:
     with self._mutex:
       self._closed = True
       self.sock.close(0)
-    self._pump.join(1)
+    if self._pump is not threading.current_thread(): self._pump.join(1)
     try: os.unlink(self.path)   # libzmq leaves the socket file; we still hold the endpoint's lock, so it is ours
     except FileNotFoundError: pass
     os.close(self._lock_fd)
@@ -185,21 +177,30 @@ class PubSocket:
     try: self.close()
     except Exception: pass
 
+def _pump(ref: weakref.ref, fd: int) -> None:
+  while True:
+    try: select.select([fd], [], [], 0.1)
+    except (OSError, ValueError): return
+    if (pub := ref()) is None: return
+    with pub._mutex:
+      if pub._closed: return
+      try: pub._process()
+      except zmq.ZMQError: return
+    del pub
+
 class SubSocket:
-  def __init__(self): self.sock, self.timeout, self._pending = None, None, None
+  def __init__(self): self.sock, self.timeout, self._pending, self._rcvtimeo = None, None, None, -1
 
   def connect(self, context: Context, endpoint: str, address: str | None = "127.0.0.1", conflate: bool = False,
               max_size: int = DEFAULT_MAX_SIZE, wait: float = 2.0) -> None:
     """Subscribe. If a local publisher is up, return only once the subscription is live (at most `wait` s)."""
     self.endpoint, self.conflate, self.max_size, self.refused = endpoint, conflate, max_size, 0
     # Larger messages than max_size are refused here, after arrival: ZMQ's own limit (MAXMSGSIZE) would end the
-    # connection for good. It is kept, at a ceiling, only to bound memory against a foreign peer. The queue here
-    # is short: the publisher's queue, sized for the endpoint's real max_size, is in front of it.
-    ceiling = max(max_size, DEFAULT_MAX_SIZE)
+    # connection for good. It is kept at 4x, only to bound the memory a foreign publisher can make us queue.
     s = context.context.socket(zmq.SUB)
     s.setsockopt(zmq.LINGER, 0)
-    s.setsockopt(zmq.RCVHWM, 1 if conflate else _hwm(ceiling))
-    s.setsockopt(zmq.MAXMSGSIZE, ceiling)
+    s.setsockopt(zmq.RCVHWM, 1 if conflate else _hwm(max_size))
+    s.setsockopt(zmq.MAXMSGSIZE, max(4 * max_size, len(WELCOME)))
     s.setsockopt(zmq.RECONNECT_IVL, 20)
     s.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
     if conflate: s.setsockopt(zmq.CONFLATE, 1)
@@ -211,35 +212,30 @@ class SubSocket:
     if local and _publisher_alive(path) and wait > 0 and s.poll(int(wait * 1000)):
       self._pending = self._recv()   # the welcome; or, with conflate, a message that replaced it: keep that
 
-  def _recv(self) -> bytes | None:
-    """The next queued message, skipping welcomes; None if none is queued."""
+  def _recv(self, timeout: int = 0) -> bytes | None:
+    """The next message, skipping welcomes and refused ones; waits up to timeout ms (0: not at all, -1: forever).
+    A blocking recv with a timeout, not poll + recv: one wake-up per message."""
+    deadline = None if timeout < 0 else time.monotonic() + timeout / 1000
     while True:
-      try: msg = self.sock.recv(zmq.NOBLOCK, copy=True)
+      if timeout != self._rcvtimeo: self.sock.setsockopt(zmq.RCVTIMEO, timeout); self._rcvtimeo = timeout
+      try: msg = self.sock.recv(copy=True)
       except zmq.Again: return None
       if len(msg) > self.max_size:
         self.refused += 1
         logger.warning("%s: refused a message of %d bytes (max_size %d; %d refused so far)", self.endpoint, len(msg), self.max_size, self.refused)
       elif msg != WELCOME: return msg
-
-  def _take(self) -> bytes | None:
-    # a pending message came first; with conflate, a newer one replaces it
-    msg, self._pending = self._pending, None
-    if msg is None or self.conflate:
-      newer = self._recv()
-      if newer is not None: msg = newer
-    return msg
+      if deadline is not None: timeout = max(0, int((deadline - time.monotonic()) * 1000))
 
   def setTimeout(self, timeout: int | None) -> None:
     self.timeout = timeout
 
   def receive(self, non_blocking: bool = False) -> bytes | None:
     """The next message; None if non_blocking and nothing is queued, or after the timeout (ms)."""
-    if (msg := self._take()) is not None or non_blocking: return msg
-    deadline = None if self.timeout is None else time.monotonic() + self.timeout / 1000
-    while True:
-      left = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-      if self.sock.poll(left) and (msg := self._take()) is not None: return msg
-      if deadline is not None and time.monotonic() >= deadline: return None
+    if (msg := self._pending) is not None:   # read ahead by connect() or a Poller; with conflate, a newer one wins
+      self._pending = None
+      if self.conflate and (newer := self._recv()) is not None: return newer
+      return msg
+    return self._recv(0 if non_blocking else -1 if self.timeout is None or self.timeout < 0 else self.timeout)
 
   def close(self) -> None:
     if self.sock is not None: self.sock.close(0); self.sock = None
