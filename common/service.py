@@ -116,3 +116,12 @@ class Stats:
     self.times.clear()
     self.t0 = now
     return line
+
+def exit_now(code: int):
+  """End the process at once with `code`, after flushing logs and stdio. For a daemon that has closed everything it
+  owns: the interpreter's own teardown (freeing tinygrad's object graphs: ~0.4 s here) would eat the stop budget."""
+  logging.shutdown()
+  for f in (sys.stdout, sys.stderr):
+    try: f.flush()
+    except (OSError, ValueError): pass
+  os._exit(code)

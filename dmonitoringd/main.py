@@ -9,8 +9,9 @@ device clock); modelExecutionTime adds parsing. A bad calibration, a torn frame 
 """
 from __future__ import annotations
 import logging, sys, time
+from typing import NoReturn
 import numpy as np
-from common.service import Stats, StopFlag, Watchdog, notify, set_process_title, setup_logging
+from common.service import Stats, StopFlag, Watchdog, exit_now, notify, set_process_title, setup_logging
 from modeld.main import EX_CONFIG, RECV_TIMEOUT_MS, finite_outputs, parse_args
 
 log = logging.getLogger('dmonitoringd')
@@ -116,15 +117,16 @@ class DMonitoringD:
       for k, bad in (('torn', torn), ('nonfinite', not finite), ('invalid', not valid)):
         if bad: self.stats.count(k)
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> NoReturn:
   args = parse_args(argv, 'dmonitoringd', __doc__)
   setup_logging(args.log_level)
   set_process_title('dmonitoringd')
   stop = StopFlag()
   from modelrt.artifact import ArtifactError
-  try: return DMonitoringD(args, stop).run()
+  try: rc = DMonitoringD(args, stop).run()
   except ArtifactError as e:
     log.error("ArtifactError: %s", e)
-    return EX_CONFIG
+    rc = EX_CONFIG
+  exit_now(rc)   # sockets closed and mappings released by now
 
 if __name__ == '__main__': sys.exit(main())

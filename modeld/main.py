@@ -11,8 +11,9 @@ buffer layout the artifact has no warp for ends the process with exit code 78 (E
 """
 from __future__ import annotations
 import argparse, logging, os, sys, time
+from typing import NoReturn
 import numpy as np
-from common.service import Stats, StopFlag, Watchdog, notify, set_process_title, setup_logging
+from common.service import Stats, StopFlag, Watchdog, exit_now, notify, set_process_title, setup_logging
 
 log = logging.getLogger('modeld')
 EX_CONFIG = 78   # sysexits: the configuration (artifact vs camera) is wrong; restarting will not help
@@ -198,15 +199,16 @@ class ModelD:
       self.stats.timing('exec', exec_time)
       if not info.valid: self.stats.count('invalid')
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> NoReturn:
   args = parse_args(argv)
   setup_logging(args.log_level)
   set_process_title('modeld')
   stop = StopFlag()
   from modelrt.artifact import ArtifactError
-  try: return ModelD(args, stop).run()
+  try: rc = ModelD(args, stop).run()
   except ArtifactError as e:
     log.error("ArtifactError: %s", e)
-    return EX_CONFIG
+    rc = EX_CONFIG
+  exit_now(rc)   # sockets closed and mappings released by now
 
 if __name__ == '__main__': sys.exit(main())

@@ -45,14 +45,16 @@ class Daemon:
   """The daemon as a child process (python -m NAME) with its stderr collected."""
   def __init__(self, module: str, artifacts, *args: str, notify: Notify | None = None, env: dict | None = None, modules_file=None):
     """modules_file: the child writes the names of every module it imported there when it exits (python -m MODULE, run
-    under a wrapper that registers the dump at exit: the daemon's own code is unchanged)."""
+    under a wrapper that dumps sys.modules in os._exit: the daemon's own code is unchanged)."""
     env = {**os.environ, 'DEV': 'CPU', 'PARALLEL': '0', **(env or {})}
     if notify is not None: env['NOTIFY_SOCKET'] = notify.addr
     argv = [module, '--artifacts', str(artifacts), '--log-level', 'DEBUG', *args]
     if modules_file is None: self.cmd = [sys.executable, '-m', *argv]
     else:
-      wrapper = (f"import atexit, runpy, sys; atexit.register(lambda: open({str(modules_file)!r}, 'w').write(' '.join(sys.modules))); "
-                 f"sys.argv = {argv!r}; runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
+      # the daemons end with os._exit (no atexit): the dump runs just before it
+      wrapper = (f"import os, runpy, sys; _exit = os._exit\n"
+                 f"def dump(code): open({str(modules_file)!r}, 'w').write(' '.join(sys.modules)); _exit(code)\n"
+                 f"os._exit = dump; sys.argv = {argv!r}; runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
       self.cmd = [sys.executable, '-c', wrapper]
     self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
     self.lines: list[str] = []
