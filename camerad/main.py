@@ -93,8 +93,8 @@ def stream_layout(layouts: tuple[str, dict], w: int, h: int) -> NV12Layout:
 
 class Pacer:
   """Sleeps until each tick is due: at the source's timestamps (real time), at a fixed rate, or not at all."""
-  def __init__(self, stop: StopFlag, fps: float | None, src_fps: float, free: bool):
-    self.stop, self.fps, self.src_fps, self.free = stop, fps, src_fps, free
+  def __init__(self, stop: StopFlag, fps: float | None, src_fps: float, free: bool, idle=lambda: None):
+    self.stop, self.fps, self.src_fps, self.free, self.idle = stop, fps, src_fps, free, idle
     self.due = self.t = None
     self.late = 0
 
@@ -109,14 +109,16 @@ class Pacer:
     if self.due < now - BEHIND_RESET_S:
       self.late += 1
       self.due = now
-    while not self.stop and (left := self.due - time.monotonic()) > 0: time.sleep(min(left, 0.1))
+    while not self.stop and (left := self.due - time.monotonic()) > 0:
+      self.idle()
+      time.sleep(min(left, 0.1))
 
 class LockstepTimeout(Exception): pass
 
 class Lockstep:
   """Waits for the daemons' outputs (frameId == the frame just sent) before the next frame is sent."""
-  def __init__(self, services: list[str] | None, streams, timeout: float, stop: StopFlag):
-    self.explicit, self.timeout, self.stop, self.socks = services, timeout, stop, {}
+  def __init__(self, services: list[str] | None, streams, timeout: float, stop: StopFlag, idle=lambda: None):
+    self.explicit, self.timeout, self.stop, self.idle, self.socks = services, timeout, stop, idle, {}
     if not self.services_for(streams): raise SourceError("--lockstep: the source serves no camera stream, nothing to wait for")
 
   def services_for(self, streams) -> list[str]:
@@ -130,6 +132,7 @@ class Lockstep:
       if time.monotonic() > deadline:
         missing = [CAMERA_OF[s] for s in streams if not _has_reader(server, s)]
         raise LockstepTimeout(f"--lockstep: no VisionIPC client for {', '.join(missing)} within {self.timeout:g} s: is the daemon running?")
+      self.idle()
       time.sleep(0.01)
     # subscribe now: a daemon's publisher is normally up once its camera client is, and a subscription to a running
     # publisher is live when sub_sock returns, so the answer to the first frame cannot slip by while connecting
@@ -139,6 +142,7 @@ class Lockstep:
     deadline = time.monotonic() + self.timeout
     for svc in services:
       while not self.stop:
+        self.idle()   # a slow daemon is not a hung camerad: keep the service manager's watchdog fed
         if (dat := self.socks[svc].receive()) is not None:
           try: ev = messaging.log_from_bytes(dat)
           except messaging.MalformedMessageError as e:
@@ -170,26 +174,27 @@ def serve(args: argparse.Namespace, source: Source, stop: StopFlag) -> int:
     server = VisionIpcServer(args.name)
     for s, l in layouts.items(): server.create_buffers_with_sizes(s, args.buffers, l.width, l.height, l.size, l.stride, l.uv_offset)
     pm = messaging.PubMaster([CAMERA_STATE_SERVICES[s] for s in layouts] + list(source.services))
-    if args.lockstep: lock = Lockstep(args.lockstep_services, layouts, args.lockstep_timeout, stop)
+    watchdog = Watchdog()
+    if args.lockstep: lock = Lockstep(args.lockstep_services, layouts, args.lockstep_timeout, stop, idle=watchdog.kick)
     server.start_listener()
     log.info("serving %s as %r: %s", ", ".join(args.source), args.name,
              ", ".join(f"{CAMERA_OF[s]} {l}" for s, l in layouts.items()) or "messages only")
     notify("READY=1", f"STATUS=serving {', '.join(CAMERA_OF[s] for s in layouts)}")
     if lock is not None: lock.wait_for_clients(server, list(layouts))
-    return run(args, source, server, pm, lock, layouts, stop)
+    return run(args, source, server, pm, lock, layouts, stop, watchdog)
   finally:
     if lock is not None: lock.close()
     if pm is not None: pm.close()
     if server is not None: server.close()
     source.close()
 
-def run(args, source: Source, server: VisionIpcServer, pm, lock, layouts: dict, stop: StopFlag) -> int:
-  stats, watchdog = Stats(log, interval=10.0), Watchdog()
-  pacer = Pacer(stop, args.fps, source.fps, free=args.lockstep or source.live)
+def run(args, source: Source, server: VisionIpcServer, pm, lock, layouts: dict, stop: StopFlag, watchdog: Watchdog) -> int:
+  stats = Stats(log, interval=10.0)
+  pacer = Pacer(stop, args.fps, source.fps, free=args.lockstep or source.live, idle=watchdog.kick)
   served, last_id, t0 = 0, None, time.monotonic()
   done = False
   while not done and not stop:
-    offset, any_frame = (0 if last_id is None else last_id + 1 - args.start), False
+    offset, any_frame = None, False   # a new pass continues the frame ids where the last one ended
     for tick in source.ticks(args.start):
       if stop: break
       pacer.wait(tick)
@@ -197,6 +202,7 @@ def run(args, source: Source, server: VisionIpcServer, pm, lock, layouts: dict, 
         if not isinstance(dat, bytes): dat.logMonoTime = time.monotonic_ns()   # built ahead of pacing: stamp when sent
         pm.send(svc, dat)
       if not tick.frames: continue
+      if offset is None: offset = 0 if last_id is None else last_id + 1 - tick.index
       frame_id = tick.index + offset if not args.lockstep or last_id is None else last_id + 1
       sof, bufs = time.monotonic_ns(), {}
       for s, fill in tick.frames.items():
@@ -218,8 +224,7 @@ def run(args, source: Source, server: VisionIpcServer, pm, lock, layouts: dict, 
       stats.timing("fill", (eof - sof) / 1e9)
       watchdog.kick()
       stats.tick()
-      if lock is not None:
-        lock.wait(frame_id, lock.services_for(bufs_streams))
+      if lock is not None and bufs_streams: lock.wait(frame_id, lock.services_for(bufs_streams))
       if args.frames is not None and served >= args.frames:
         done = True
         break
