@@ -1,6 +1,6 @@
 """dmonitoringd: the driver monitoring policy as a unit; the daemon as a real process against a real camera server,
 real sockets and a real notify socket."""
-import math, signal, time
+import math, os, signal, time
 import numpy as np
 import pytest
 from cereal import messaging
@@ -94,9 +94,13 @@ def _run(cam, col, n):
   return [col.wait(s, len(col.msgs[s]) + 1)[-1] for s in OUTPUTS]
 
 def test_daemon_frames_in_lockstep(artifacts, tmp_path):
-  cam = Camera({DRIVER: LAYOUT})
+  """Every frame n gives driverStateV2 and driverMonitoringState for n. The camera server name and the message
+  prefix come from the command line (the environment names another prefix)."""
+  cam = Camera({DRIVER: LAYOUT}, name='drivercam')
   modules = tmp_path / 'modules'
-  d, notify = _start(artifacts, '--raw-predictions', env={'WATCHDOG_USEC': '200000'}, modules_file=modules)
+  d, notify = _start(artifacts, '--raw-predictions', '--camera-server', 'drivercam', '--prefix', os.environ['OPENPILOT_PREFIX'],
+                     env={'WATCHDOG_USEC': '200000', 'OPENPILOT_PREFIX': 'elsewhere'}, modules_file=modules)
+  assert open(f'/proc/{d.proc.pid}/cmdline', 'rb').read().split(b'\0')[0] == b'dmonitoringd'   # setproctitle
   col = Collector(OUTPUTS)
   try:
     for n in range(1, 31):

@@ -158,6 +158,7 @@ def test_daemon_frames_in_lockstep(artifacts, tmp_path):
   cam = Camera({ROAD: LAYOUT, WIDE_ROAD: LAYOUT})
   modules = tmp_path / 'modules'
   d, notify = _start(artifacts, env={'WATCHDOG_USEC': '200000'}, modules_file=modules)
+  assert open(f'/proc/{d.proc.pid}/cmdline', 'rb').read().split(b'\0')[0] == b'modeld'   # setproctitle
   col = Collector(OUTPUTS)
   try:
     for n in range(1, 31):
