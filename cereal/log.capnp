@@ -216,6 +216,7 @@ struct DriverStateV2 {
     rightBlinkProb @8 :Float32;
     sunglassesProb @9 :Float32;
     phoneProb @10 :Float32;
+    sleepProb @11 :Float32;               # the model's sleep output (openpilot does not publish it)
   }
 }
 

@@ -82,7 +82,7 @@ def test_schema_has_the_fields_openpilot_consumers_read():
   m.init("roadEdges", 2); m.laneLineProbs = [0.9] * 4; m.confidence = "green"
   d = new_message("driverStateV2").driverStateV2
   d.leftDriverData.faceOrientation = [0.1, 0.2, 0.3]
-  d.rightDriverData.phoneProb = 0.5
+  d.rightDriverData.phoneProb = d.rightDriverData.sleepProb = 0.5
   d.wheelOnRightProb = 0.1
   c = new_message("cameraOdometry").cameraOdometry
   c.trans, c.rot, c.wideFromDeviceEuler, c.roadTransformTrans = [1.0] * 3, [0.0] * 3, [0.0] * 3, [0.0] * 3

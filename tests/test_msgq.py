@@ -161,6 +161,17 @@ def test_subscriber_connects_to_a_later_publisher():
     assert sub.receive() == b"hello"
   sub.close()
 
+def test_readers_follow_subscribers():
+  pub = msgq.pub_sock("ep")
+  assert not pub.all_readers_updated() and not pub.wait_for_readers(0.05)
+  a, b = msgq.sub_sock("ep"), msgq.sub_sock("ep")
+  assert pub.wait_for_readers(1) and pub.readers == 2
+  a.close(); b.close()
+  deadline = time.monotonic() + 5
+  while pub.all_readers_updated(): assert time.monotonic() < deadline; time.sleep(0.01)
+  assert pub.readers == 0
+  pub.close()
+
 # ---- queueing ----
 
 def test_conflate_keeps_only_the_newest():
