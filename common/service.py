@@ -107,6 +107,8 @@ class Stats:
     parts += [f"{k}_ms_p50={np.median(v) * 1e3:.1f} {k}_ms_max={max(v) * 1e3:.1f}" for k, v in sorted(self.times.items()) if v]
     return ' '.join(parts)
 
+  def totals_line(self) -> str: return ' '.join(f"{k}={v}" for k, v in sorted(self.totals.items())) or 'nothing counted'
+
   def tick(self) -> str | None:
     if (dt := (now := time.monotonic()) - self.t0) < self.interval: return None
     line = self.summary(dt)

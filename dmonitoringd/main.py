@@ -67,7 +67,7 @@ class DMonitoringD:
     finally:
       self.pm.close()
       self.sm.close()
-    log.info("stopped")
+    log.info("stopped; totals: %s", self.stats.totals_line())
     return 0
 
   def serve(self, runner, watch, client) -> None:

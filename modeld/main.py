@@ -112,7 +112,7 @@ class ModelD:
     finally:
       self.pm.close()
       self.sm.close()
-    log.info("stopped (%s)", self.stats.summary(0) or 'no frames')
+    log.info("stopped; totals: %s", self.stats.totals_line())
     return 0
 
   def update_transforms(self, runner, main_stream: int, main, extra) -> None:

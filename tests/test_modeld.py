@@ -188,7 +188,7 @@ def test_daemon_dropped_frames(artifacts):
   cam = Camera({ROAD: LAYOUT, WIDE_ROAD: LAYOUT})
   d, notify = _start(artifacts)
   col = Collector(OUTPUTS)
-  expected, prev_road, first_drop_published = [], True, None
+  expected, prev_road, first_drop_published, prepare_only = [], True, None, 0
   try:
     for n in range(1, 61):
       road = n <= 3 or rng.random() > 0.15
@@ -201,6 +201,7 @@ def test_daemon_dropped_frames(artifacts):
         expected.append(n)
         _run(cam, col, n)
       else:   # prepare-only: the daemon says so in a debug line
+        prepare_only += 1
         start = len(d.lines)
         cam.send(n)
         d.wait_line(rf'prepare-only frame {n}: [1-9]', start=start)
@@ -213,6 +214,8 @@ def test_daemon_dropped_frames(artifacts):
     cam.close(); col.close(); notify.close()
   for s in OUTPUTS: assert [getattr(e, s).frameId for e in col.msgs[s]] == expected, s
   assert len(expected) < 60 and rc == 0
+  totals = d.wait_line(r'stopped; totals: .*frames=(\d+) .*prepare_only=(\d+)')
+  assert (int(totals[1]), int(totals[2])) == (len(expected), prepare_only)
   drop_perc = {e.modelV2.frameId: e.modelV2.frameDropPerc for e in col.msgs['modelV2']}
   assert all(v == 0 for k, v in drop_perc.items() if k < 10) and first_drop_published is not None
   assert all(v > 0 for k, v in drop_perc.items() if k >= first_drop_published)
