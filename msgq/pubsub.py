@@ -10,7 +10,8 @@ the same port as openpilot). Publishers listen on TCP only when MSGQ_TCP names a
 Guarantees (each has a test in tests/test_msgq.py):
 - one publisher per endpoint, across threads and processes (an flock held for the publisher's life; it dies
   with the process, so a publisher killed by SIGKILL frees its endpoint);
-- no slow-joiner loss: when the publisher is up, sub_sock() returns once the subscription is live. The
+- no slow-joiner loss: when a local publisher is up, sub_sock() returns once the subscription is live (a remote
+  subscriber cannot see whether its publisher is up, and returns at once). The
   publisher is an XPUB with manual subscriptions: it applies each subscription itself and then sends that
   subscriber alone a welcome message, which sub_sock() waits for. (libzmq's own welcome message goes out when
   the connection is attached, possibly before the subscription arrives; a message sent right after it could
