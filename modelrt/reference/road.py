@@ -109,14 +109,18 @@ def nearest_paint(w: Tensor, lim_u: Tensor, side: int) -> tuple[Tensor, Tensor]:
   k = (m.float() * key).max(-1)
   return (k - 1) if side < 0 else (MODEL_WIDTH - k), k > 0
 
-def seed(w: Tensor, xs: Tensor, ppm: Tensor, lim_y: Tensor, side: int, gap: float) -> Tensor:
-  """Linear fit (1, 3) of the line nearest to lim_y (per row) on one side, from rows 6..25 m. A row whose nearest
-  paint lies more than `gap` beyond the nearest of all rows saw the next line through a dash gap: left out."""
-  u, found = nearest_paint(w, CX + lim_y * ppm, side)
-  y = (u - CX) / ppm
-  best = (found.where(y * -side, -1e3)).max() * -side
-  ok = found & ((y - best).abs() < gap)
-  return fit(y[None], ok.float()[None], xs, quadratic=False)
+def seed(w: Tensor, xs: Tensor, ppm: Tensor, lim_y: Tensor, side: int, gap: float) -> tuple[Tensor, Tensor]:
+  """Linear fit (1, 3) of the line nearest to lim_y (per row) on one side, and the number of rows it rests on.
+  A row whose nearest paint lies more than `gap` beyond the nearest of all rows saw the next line through a dash
+  gap: left out."""
+  # search from half a line width beyond the limit (the paint of a line centred on the limit is on neither side)
+  u, found = nearest_paint(w, CX + (lim_y + side * 0.1) * ppm, side)
+  # the centroid of the paint just beyond that pixel: the nearest pixel of a ridge sits up to its width off centre
+  y = window_centroids(w, ((u - CX) / ppm + side * 0.2)[None], 0.25 + xs * 0, ppm)[0][0]
+  d = (y - lim_y) * side                                             # how far beyond the limit
+  found = found & (d > 0)                                            # paint centred on the other side: not this line
+  ok = found & (d < found.where(d, 1e3).min() + gap)
+  return fit(y[None], ok.float()[None], xs, quadratic=False), ok.float().sum()
 
 def window_centroids(w: Tensor, prior: Tensor, half_m: Tensor, ppm: Tensor) -> tuple[Tensor, Tensor]:
   """Per line and row, the paint centroid within +-half_m of the prior (L, R): (y (L, R), evidence (L, R))."""
@@ -134,22 +138,28 @@ def refine(w: Tensor, coef: Tensor, xs: Tensor, ppm: Tensor, x_max: float, half:
   q = ((e > EVIDENCE_MIN) & (xs <= x_max)[None]).float()
   return fit(y, q, xs, quadratic=True), y, q, e
 
-def detect_lines(w: Tensor, w_old: Tensor, xs: Tensor, ppm: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-  """Fits (4, 3) of left adjacent, ego left, ego right, right adjacent; per-row centroids and weights (4, R).
-  The seeds look at the paint of both frames: a dash gap in the newest frame (or a lead hiding the rest) is
-  often a dash in the older one, 0.2 s of driving away, at almost the same lateral position."""
+def detect_lines(w: Tensor, xs: Tensor, ppm: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+  """Fits (4, 3) of left adjacent, ego left, ego right, right adjacent; per-row centroids and weights (4, R)."""
   b = slice(_row(25.0), _row(6.0))
-  wb, xb, pb = w[b].maximum(w_old[b]), xs[b], ppm[b]
+  wb, xb, pb = w[b], xs[b], ppm[b]
+  # ego lines: the nearest paint on either side of the ego's line along the lanes (y = heading * x, the heading
+  # from a first look straight ahead), so that a line crossed at an angle (a lane change) counts on the side it
+  # is at the ego (x = 0), as in the ground truth, not on the side it is at 6..25 m
   zero = xb * 0
-  ego = Tensor.cat(seed(wb, xb, pb, zero, -1, 1.5), seed(wb, xb, pb, zero, 1, 1.5))
+  first = Tensor.cat(seed(wb, xb, pb, zero, -1, 1.5)[0], seed(wb, xb, pb, zero, 1, 1.5)[0])
+  heading = first[:, 1].mean() * xb / XS
+  ego = Tensor.cat(seed(wb, xb, pb, heading, -1, 1.5)[0], seed(wb, xb, pb, heading, 1, 1.5)[0])
   ego = refine(w, ego, xs, ppm, 35.0, (0.5, 0.015))[0]
   ego = refine(w, ego, xs, ppm, 60.0, (0.4, 0.008))[0]
-  egob = evaluate(ego, xb)
-  # adjacent lines: seeded beyond the ego lines, shaped like them (lanes are parallel), shifted to the seed at 12 m
+  # adjacent lines: seeded beyond the ego lines, shaped like them (lanes are parallel), shifted to the seed at 12 m;
+  # with no paint in the near rows (out of view, dash gaps), one lane width further out
   x12 = Tensor.full((1,), 12.0)
-  shift = lambda s, e: e + (evaluate(s, x12) - evaluate(e, x12)).pad((None, (0, 2)))
-  adj_l = shift(seed(wb, xb, pb, egob[0] - 1.0, -1, 1.5), ego[0:1])
-  adj_r = shift(seed(wb, xb, pb, egob[1] + 1.0, 1, 1.5), ego[1:2])
+  width = (evaluate(ego[1:2], x12) - evaluate(ego[0:1], x12))[0, 0].clip(2.5, 5.0)
+  def adjacent(side: int) -> Tensor:
+    e = ego[0:1] if side < 0 else ego[1:2]
+    s, n = seed(wb, xb, pb, evaluate(e, xb)[0] + side * 1.0, side, 1.5)
+    return e + (n > 3).where(evaluate(s, x12) - evaluate(e, x12), side * width).pad((None, (0, 2)))
+  adj_l, adj_r = adjacent(-1), adjacent(1)
   coef = Tensor.cat(adj_l, ego, adj_r)
   coef = refine(w, coef, xs, ppm, 100.0, (0.4, 0.005))[0]
   coef, y, q, _ = refine(w, coef, xs, ppm, 1e3, (0.3, 0.003))
@@ -237,7 +247,7 @@ def vision_fn(C: dict[str, Tensor]):
     xs, ppm = _rows()
     Yn, Yo = y_plane(img, 1), y_plane(img, 0)
     wn, wo = paint_weight(Yn), paint_weight(Yo)
-    coef, y, q = detect_lines(wn, wo, xs, ppm)
+    coef, y, q = detect_lines(wn, xs, ppm)
     mean, std, logit = line_stats(coef, y, q, xs, C['X'])
     # ego speed from the dash pattern along the ego lines in both frames
     _, e_new = window_centroids(wn, evaluate(coef[1:3], xs), 0.3 + 0.003 * xs, ppm)

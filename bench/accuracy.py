@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Accuracy of the reference models over the shipped synthetic scenes: render -> numpy warp -> captured model ->
+parse, no daemons. Prints per-quantity errors (mean, p95, max) next to the target the tests hold, the median
+replay time of each model, and last the worst relative error (error / target; <= 1 meets every target).
+
+  DEV=CPU python bench/accuracy.py [--frames N]
+"""
+import argparse, pathlib, sys, time
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+import numpy as np
+from tinygrad import Tensor, TinyJit
+from camerad.scene import load_scene
+from modelrt.constants import X_IDXS, T_IDXS, FRAME_SKIP, PLAN_VELOCITY, PLAN_ORIENTATION_RATE
+from modelrt.reference import vision_model, policy_model, dm_model
+from modelrt.reference.evaluate import run_road, run_dm
+
+NEAR = (X_IDXS >= 10) & (X_IDXS <= 50)
+ROAD_SCENES, DM_SCENES = ('straight', 'curve', 'lead_braking', 'lane_change'), ('driver_distracted', 'driver_blinking')
+
+class Runner:
+  def __init__(self): self.jits, self.times = {}, {}
+  def __call__(self, md, **kw) -> np.ndarray:
+    jit = self.jits.setdefault(md.name, TinyJit(md.fn))
+    args = {k: Tensor(v) for k, v in kw.items()}
+    t = time.perf_counter()
+    out = jit(**args).numpy()
+    if jit.cnt > 2: self.times.setdefault(md.name, []).append(time.perf_counter() - t)
+    return out
+
+def truth_lines(r): return np.array([l['y'] for l in r['truth']['road']['lane_lines']])
+
+def road_errors(rs: list[dict]) -> dict[str, tuple[np.ndarray, float, str]]:
+  """quantity -> (errors, target, unit)"""
+  e: dict[str, list] = {k: [] for k in ('ego lane lines 10-50 m', 'adjacent lane lines 10-50 m', 'road edges 10-50 m', 'lead distance',
+                                       'lead lateral', 'lead prob without lead', 'lead speed', 'ego speed', 'path curvature')}
+  for r in rs:
+    tr, lines = r['truth'], truth_lines(r)
+    err = np.abs(r['lane_lines'][:, :, 0] - lines)[:, NEAR].max(1)
+    e['ego lane lines 10-50 m'] += list(err[1:3])
+    e['adjacent lane lines 10-50 m'] += [err[i] for i in (0, 3) if tr['road']['lane_lines'][i]['present']]
+    edges = np.array([x['y'] for x in tr['road']['road_edges']])
+    e['road edges 10-50 m'] += list(np.abs(r['road_edges'][:, :, 0] - edges)[:, NEAR].max(1))
+    lead = tr['lead']
+    if lead['present'] and lead.get('in_ego_lane', True) and 10 <= lead['x'] <= 80:
+      e['lead distance'].append(abs(r['lead'][0, 0, 0] - lead['x']) / lead['x'])
+      e['lead lateral'].append(abs(r['lead'][0, 0, 1] - lead['y']))
+      e['lead speed'].append(abs(r['lead'][0, 0, 2] - lead['v']))
+    elif not lead['present']: e['lead prob without lead'].append(r['lead_prob'][0])
+    e['ego speed'].append(abs(r['plan'][0, PLAN_VELOCITY][0] - tr['v_ego']) / tr['v_ego'])
+    if tr['road']['curvature']:
+      v = r['plan'][0, PLAN_VELOCITY][0]
+      e['path curvature'].append(abs(np.interp(5.0, T_IDXS, r['plan'][:, PLAN_ORIENTATION_RATE][:, 2]) / v - tr['road']['curvature']) / tr['road']['curvature'])
+  targets = {'ego lane lines 10-50 m': (0.15, 'm'), 'adjacent lane lines 10-50 m': (0.3, 'm'), 'road edges 10-50 m': (0.5, 'm'),
+             'lead distance': (0.10, 'rel'), 'lead lateral': (0.3, 'm'), 'lead prob without lead': (0.1, ''), 'lead speed': (5.0, 'm/s'),
+             'ego speed': (0.10, 'rel'), 'path curvature': (0.10, 'rel')}
+  return {k: (np.array(v), *targets[k]) for k, v in e.items() if v}
+
+def dm_errors(rs: list[dict]) -> dict[str, tuple[np.ndarray, float, str]]:
+  e: dict[str, list] = {k: [] for k in ('face position', 'face yaw', 'face pitch', 'blink wrong', 'phone wrong', 'wheel side wrong')}
+  for r in rs:
+    d = r['truth']['driver']
+    s = r['rhd' if d['wheel_on_right'] else 'lhd']
+    f = d['face']
+    e['face position'].append(np.hypot(*((s['face_position'] - f['position']) * (1440, 960))) / 1440)
+    calib = r['truth']['calib']
+    e['face pitch'].append(abs(s['face_orientation'][0] + calib[1] - f['pitch']))
+    e['face yaw'].append(abs(s['face_orientation'][1] + calib[2] - f['yaw']))
+    e['blink wrong'].append(float((min(s['left_blink_prob'], s['right_blink_prob']) > 0.5) != d['eyes_closed']))
+    e['phone wrong'].append(float((s['using_phone_prob'] > 0.5) != d['phone']))
+    e['wheel side wrong'].append(float((r['wheel_on_right_prob'] > 0.5) != d['wheel_on_right']))
+  targets = {'face position': (0.05, 'of width'), 'face yaw': (0.1, 'rad'), 'face pitch': (0.1, 'rad'), 'blink wrong': (0.05, 'frames'),
+             'phone wrong': (0.05, 'frames'), 'wheel side wrong': (0.05, 'frames')}
+  return {k: (np.array(v), *targets[k]) for k, v in e.items()}
+
+def main() -> int:
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument('--frames', type=int, default=0, help="frames per scene (default: the whole scene)")
+  args = ap.parse_args()
+  run = Runner()
+  vision, policy, dm = vision_model(), policy_model(), dm_model()
+  worst = (0.0, '')
+  def report(scene: str, errs: dict):
+    nonlocal worst
+    for k, (v, target, unit) in errs.items():
+      # fractions of frames wrong are judged as a rate, everything else per frame
+      rel = v.mean() / target if unit == 'frames' else v.max() / target
+      print(f"{scene:18s} {k:28s} n={len(v):3d} mean {v.mean():8.4f} p95 {np.percentile(v, 95):8.4f} max {v.max():8.4f} "
+            f"target {target:g} {unit:8s} rel {rel:5.2f}")
+      if rel > worst[0]: worst = (rel, f"{scene}: {k}")
+  for name in ROAD_SCENES:
+    sc = load_scene(name)
+    n = min(args.frames or sc.n_frames, sc.n_frames)
+    report(name, road_errors(run_road(vision, policy, sc, range(FRAME_SKIP, n), run)))
+  for name in DM_SCENES:
+    sc = load_scene(name)
+    report(name, dm_errors(run_dm(dm, sc, range(min(args.frames or sc.n_frames, sc.n_frames)), run)))
+  for k, ts in run.times.items(): print(f"replay {k:7s} median {np.median(ts) * 1e3:6.2f} ms (n={len(ts)}, including the output copy)")
+  print(f"worst relative error (error / target): {worst[0]:.2f} ({worst[1]})")
+  return 0
+
+if __name__ == '__main__': sys.exit(main())
