@@ -3,7 +3,7 @@
 The build is content-addressed (sources, options, layouts, tinygrad, target): a re-run with nothing changed only
 verifies and returns. Tiny camera layouts keep the buffers small; the warps' cost does not depend on them.
 """
-import os, pathlib, subprocess, sys
+import functools, os, pathlib, subprocess, sys
 from msgq.visionipc.layout import NV12Layout
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -12,6 +12,7 @@ LAYOUT = NV12Layout.packed(64, 48)           # road, wide road and driver stream
 ALT_LAYOUT = NV12Layout.aligned(64, 48)      # a second layout the road artifact serves (camera restart with new buffers)
 UNSERVED_LAYOUT = NV12Layout.packed(96, 64)  # a layout no artifact serves
 
+@functools.cache   # once per process: test files that share a build check it once
 def build(out: pathlib.Path = CACHE, layouts: tuple[NV12Layout, ...] = (LAYOUT, ALT_LAYOUT), family: str | None = None,
           models: str = 'reference') -> pathlib.Path:
   """modeld-compile for the given layouts (both families unless one is named); returns the artifact dir.
