@@ -170,7 +170,9 @@ class ModelD:
         continue
       exec_time = time.perf_counter() - t0
       torn = main.overwritten() or extra.overwritten()   # checked after the run: False means what the warp read was this frame
-      if torn: self.stats.count('torn')
+      if torn:
+        self.stats.count('torn')
+        log.debug("frame %d torn: the camera reused its buffer during the run", main.frame_id)
       if out is None:
         self.stats.count('dropped', dropped)
         self.stats.count('prepare_only')

@@ -269,6 +269,37 @@ def test_daemon_calibration_garbage_and_nan(artifacts):
     for s in garbage.values(): s.close()
   assert rc == 0, d.stderr()
 
+def test_daemon_torn_frames_are_never_valid(artifacts):
+  """A camera with one buffer rewrites it while the model reads it: the daemon sees it (buf.overwritten() after the run)
+  and publishes that frame invalid."""
+  cam = Camera({ROAD: LAYOUT}, buffers=1)
+  pm = messaging.PubMaster(['liveCalibration'])
+  d, notify = _start(artifacts)
+  col = Collector(OUTPUTS)
+  try:
+    msg = messaging.new_message('liveCalibration')
+    msg.liveCalibration.rpyCalib = [0., 0.02, 0.]
+    pm.send('liveCalibration', msg)
+    n = _valid_after(cam, col, 1, True)
+    for n in range(n, n + 200, 2):
+      start = len(d.lines)
+      cam.send(n)
+      time.sleep(0.004)   # the daemon is in the model run by now (or not yet: then frame n is conflated away)
+      cam.send(n + 1)
+      try:
+        d.wait_line(rf'frame {n} torn', timeout=0.3, start=start)
+        break
+      except TimeoutError: pass
+    else: raise AssertionError("never caught the camera overwriting a frame in use")
+    time.sleep(0.3)
+    col.poll()
+  finally:
+    rc, _ = d.stop()
+    cam.close(); col.close(); notify.close(); pm.close()
+  torn = [e for e in col.msgs['modelV2'] if e.modelV2.frameId == n]
+  assert len(torn) == 1 and not torn[0].valid and rc == 0
+  assert all(e.valid for e in col.msgs['modelV2'] if e.modelV2.frameId == n + 1)
+
 def test_daemon_camera_restart_with_another_layout_and_camera_set(artifacts):
   """The camera server restarts with new buffers of another layout the artifact serves, and only the wide camera:
   modeld drops its tensors over the old buffers, reconnects, switches warps, resets its history and goes on."""
