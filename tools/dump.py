@@ -93,9 +93,12 @@ def main(argv: list[str] | None = None) -> int:
   if args.prefix is not None: os.environ['OPENPILOT_PREFIX'] = args.prefix
   services = list(dict.fromkeys(args.services))
 
-  from cereal.messaging import MalformedMessageError, Poller, log_from_bytes, sub_sock
+  from cereal.messaging import IpcError, MalformedMessageError, Poller, log_from_bytes, sub_sock
   poller = Poller()
-  socks = {id(sub_sock(s, poller=poller, addr=args.addr)): s for s in services}
+  try: socks = {id(sub_sock(s, poller=poller, addr=args.addr)): s for s in services}
+  except IpcError as e:
+    print(f"modeld-dump: {e}", file=sys.stderr)
+    return 1
   rates, printed = Rates(services), 0
   try:
     while args.n is None or printed < args.n:
