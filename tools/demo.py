@@ -254,10 +254,15 @@ def summary(mon: Monitor, seconds: float) -> list[str]:
 
 # ***** the run *****
 
+def artifact_layouts(scene) -> list:
+  """The buffer layouts the demo's artifacts serve: every camera size of the scene, packed (camerad's default) and
+  aligned (rows padded like real camera buffers: camerad --layout aligned)."""
+  from msgq.visionipc.layout import NV12Layout
+  return [f(w, h) for w, h in sorted({(c.width, c.height) for c in scene.cameras.values()}) for f in (NV12Layout.packed, NV12Layout.aligned)]
+
 def build_artifacts(artifacts: str, scene) -> None:
-  """modeld-compile --reference for the scene's camera sizes; it skips an unchanged build itself. Progress on stderr."""
-  sizes = sorted({(c.width, c.height) for c in scene.cameras.values()})
-  cmd = [sys.executable, '-m', 'modelrt.compile', '--reference', '--out', artifacts, *[a for w, h in sizes for a in ('--camera', f'{w}x{h}')]]
+  """modeld-compile --reference for the scene's cameras; it skips an unchanged build itself. Progress on stderr."""
+  cmd = [sys.executable, '-m', 'modelrt.compile', '--reference', '--out', artifacts, *[a for l in artifact_layouts(scene) for a in ('--camera', str(l))]]
   print(f"modeld-demo: artifacts: {' '.join(['modeld-compile', *cmd[3:]])}", flush=True)
   t = time.monotonic()
   if subprocess.run(cmd, stdin=subprocess.DEVNULL).returncode != 0: raise SystemExit("modeld-demo: the artifact build failed (above)")
@@ -297,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
                 Child('modeld', 'modeld', ['--artifacts', args.artifacts], env, logdir),
                 Child('dmonitoringd', 'dmonitoringd', ['--artifacts', args.artifacts], env, logdir),
                 Child('record', 'tools.record', ['--route', str(route)], env, logdir)]
-    print(f"modeld-demo: started {', '.join(f'{c.name} (pid {c.proc.pid})' for c in children)}; logs in {logdir}", flush=True)
+    print(f"modeld-demo: started {', '.join(f'{c.name} (pid {c.proc.pid})' for c in children)} with OPENPILOT_PREFIX={prefix}; "
+          f"logs in {logdir}", flush=True)
     if tty: sys.stdout.write('\x1b[?25l')   # hide the cursor while redrawing
     next_draw = 0.
     while not stop:
