@@ -234,6 +234,8 @@ def run(args, source: Source, server: VisionIpcServer, pm, lock, layouts: dict, 
   log.info("served %d frames in %.2f s (%.1f frames/s)%s%s", served, dt, served / dt if dt > 0 else 0.0,
            f", {pacer.late} times behind real time" if pacer.late else "", f", skipped {skipped}" if skipped else "")
   for reason, n in source.skipped.most_common(): log.warning("skipped %d: %s", n, reason)
+  if served == 0 and layouts and not stop:
+    raise SourceError(f"the source gave no frame{f' from --start {args.start} on (past its end?)' if args.start else ''}")
   return 0
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,7 @@ Problems a source meets while running (undecodable packets, frames missing from 
 `skipped` with the reason; problems found while opening are SourceErrors that name the file and what was wrong.
 """
 from __future__ import annotations
-import logging, os
+import itertools, logging, os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -185,7 +185,7 @@ class VideoSource(Source):
     decs, self._decs = self._decs or self._open(), None
     try:
       its = {s: d.frames() for s, d in decs.items()}
-      for i in range(1 << 62):
+      for i in itertools.count():
         frames = {}
         for s, it in its.items():
           if (f := next(it, None)) is None:
