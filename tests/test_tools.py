@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 from camerad.scene import load_scene
 from modelrt.geometry import camera_from_calib
+from msgq import runtime_dir
 
 BIN = Path(sys.executable).parent
 N_FRAMES = 20
@@ -69,6 +70,12 @@ while True:
       pm.send('driverMonitoringState', s)
 """
 
+def cleanup_prefix(prefix: str) -> None:
+  """Remove the runtime directory of a module fixture's own prefix (conftest cleans only the per-test ones)."""
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setenv('OPENPILOT_PREFIX', prefix)
+    shutil.rmtree(runtime_dir(), ignore_errors=True)
+
 def start(args, env, **kw) -> subprocess.Popen:
   return subprocess.Popen([str(a) for a in args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
@@ -110,6 +117,7 @@ def stack(tmp_path_factory):
     yield {'dir': d, 'route': d / 'route', 'scene': load_scene(d / 'scene.json'), 'env': env, 'live': (live.returncode, *live_out)}
   finally:
     for p in procs: stop(p, signal.SIGKILL)
+    cleanup_prefix(env['OPENPILOT_PREFIX'])
 
 def run(args, env=None, timeout=60) -> subprocess.CompletedProcess:
   return subprocess.run([str(a) for a in args], env=env, capture_output=True, text=True, timeout=timeout)
@@ -150,6 +158,7 @@ def publisher():
   assert p.stdout.readline().strip() == 'ready', p.stderr.read()
   yield prefix
   stop(p, signal.SIGKILL)
+  cleanup_prefix(prefix)
 
 def test_dump_text(publisher):
   # the publisher runs under another prefix than this test's: --prefix selects it

@@ -74,7 +74,6 @@ def draw_figure(title: str, panels: list[Panel], path: Path, width: int = 1400, 
       d.line((xx, y0, xx, y1), fill=(235, 235, 235))
       d.text((xx, y1 + 4), _fmt(v), fill=(60, 60, 60), font=small, anchor='mt')
     d.rectangle((left, y0, width - right, y1), outline=(120, 120, 120))
-    # legend: right-aligned inside the panel's top, in series order
     lx = width - right - 8 - sum(d.textlength(s.label, font=small) + 30 for s in p.series)
     for i, s in enumerate(p.series):
       c = PALETTE[i % len(PALETTE)]
@@ -89,7 +88,12 @@ def draw_figure(title: str, panels: list[Panel], path: Path, width: int = 1400, 
             pts = list(zip(xs[run].tolist(), ys[run].tolist()))
             if len(pts) == 1: d.ellipse((pts[0][0] - 2, pts[0][1] - 2, pts[0][0] + 2, pts[0][1] + 2), fill=c)
             else: d.line(pts, fill=c, width=2)
-      d.line((lx, y0 + 12, lx + 18, y0 + 12), fill=c, width=4)
+    # legend: right-aligned inside the panel's top, in series order, on white over the series
+    d.rectangle((lx - 6, y0 + 2, width - right - 2, y0 + 22), fill='white')
+    for i, s in enumerate(p.series):
+      c = PALETTE[i % len(PALETTE)]
+      if s.points: d.ellipse((lx + 6, y0 + 9, lx + 12, y0 + 15), fill=c)
+      else: d.line((lx, y0 + 12, lx + 18, y0 + 12), fill=c, width=4)
       d.text((lx + 22, y0 + 5), s.label, fill='black', font=small)
       lx += d.textlength(s.label, font=small) + 30
   d.text((width - right, height - 6), 'time (s)', fill=(60, 60, 60), font=small, anchor='rb')
