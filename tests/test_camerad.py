@@ -189,10 +189,11 @@ def test_sigterm_exits_clean(scene_file):
     if p.poll() is None: p.kill()
 
 # ---- video files
-def make_video(path: Path, codec: str, n: int = 12, w: int = 160, h: int = 96, fmt: str | None = None, phase: int = 0) -> Path:
+def make_video(path: Path, codec: str, n: int = 12, w: int = 160, h: int = 96, fmt: str | None = None, phase: int = 0,
+               pix_fmt: str = "yuv420p") -> Path:
   c = av.open(str(path), "w", format=fmt)
   st = c.add_stream(codec, rate=20)
-  st.width, st.height, st.pix_fmt = w, h, "yuv420p"
+  st.width, st.height, st.pix_fmt = w, h, pix_fmt
   if codec == "libx265": st.codec_context.options = {"x265-params": "log-level=error"}
   x = np.arange(w)[None, :] + 2 * np.arange(h)[:, None]
   for i in range(n):
@@ -210,14 +211,15 @@ def _has_encoder(name: str) -> bool:
   except Exception: return False
   return True
 
-@pytest.mark.parametrize("wide", ["hevc", "ts"])
+@pytest.mark.parametrize("wide", ["hevc", "ts", "422"])
 def test_video_files_decoded_into_buffers(tmp_path, wide):
-  """An H.264 mp4 on road and a raw .hevc (or an MPEG-TS) on wide, decoded into aligned buffers: each frame equals
-  PyAV's own NV12 conversion of the same decode, byte for byte."""
+  """An H.264 mp4 on road and a raw .hevc (or an MPEG-TS, or a 4:2:2 FFV1 mkv that goes through PyAV's reformat) on
+  wide, decoded into aligned buffers: each frame equals PyAV's own NV12 conversion of the same decode, byte for byte."""
   if wide == "hevc" and not _has_encoder("libx265"): pytest.skip("this FFmpeg has no HEVC encoder (libx265) to make the file")
   road = make_video(tmp_path / "road.mp4", "libx264", n=12)
-  wide_file = (make_video(tmp_path / "wide.hevc", "libx265", n=10, fmt="hevc", phase=50) if wide == "hevc"
-               else make_video(tmp_path / "wide.ts", "libx264", n=10, fmt="mpegts", phase=50))
+  wide_file = {"hevc": lambda: make_video(tmp_path / "wide.hevc", "libx265", n=10, fmt="hevc", phase=50),
+               "ts": lambda: make_video(tmp_path / "wide.ts", "libx264", n=10, fmt="mpegts", phase=50),
+               "422": lambda: make_video(tmp_path / "wide.mkv", "ffv1", n=10, phase=50, pix_fmt="yuv422p")}[wide]()
   refs = {ROAD: reference_nv12(road), WIDE_ROAD: reference_nv12(wide_file)}
   p = camerad("--source", f"road={road}", "--source", f"wide={wide_file}", "--lockstep", "--layout", "aligned")
   try:
