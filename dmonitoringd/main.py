@@ -114,6 +114,7 @@ class DMonitoringD:
       if self.state is not None: self.pm.send('driverMonitoringState', fill_monitoring_state(self.state, buf.frame_id, valid))
       self.stats.count('frames')
       self.stats.timing('exec', exec_time)
+      self.stats.timing('frame', time.perf_counter() - t0)   # run -> both messages sent
       for k, bad in (('torn', torn), ('nonfinite', not finite), ('invalid', not valid)):
         if bad: self.stats.count(k)
 

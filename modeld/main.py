@@ -150,6 +150,7 @@ class ModelD:
         if watch.changed(): return
         continue
       watch.frame()
+      t_frame = time.perf_counter()
       main, extra, out_of_sync = frames
       if out_of_sync:
         self.stats.count('out_of_sync')
@@ -199,6 +200,7 @@ class ModelD:
       for name, msg in zip(PUBLISHES, msgs): self.pm.send(name, msg)
       self.stats.count('frames')
       self.stats.timing('exec', exec_time)
+      self.stats.timing('frame', time.perf_counter() - t_frame)   # frame in hand -> messages sent: exec + the daemon's own work
       if not info.valid: self.stats.count('invalid')
 
 def main(argv: list[str] | None = None) -> NoReturn:
