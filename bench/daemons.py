@@ -11,7 +11,7 @@ printed last. Everything is measured in this run on this machine; run it alone (
 
 usage: bench/daemons.py [--seconds 60] [--ratio-seconds 20] [--models reference|tiny] [--camera LAYOUT]
 """
-import argparse, os, pathlib, signal, subprocess, sys, tempfile, threading, time, uuid
+import argparse, os, pathlib, signal, subprocess, sys, threading, time, uuid
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / 'tests')]
 os.environ.setdefault('DEV', 'CPU')
