@@ -4,7 +4,8 @@
   READY=1 once the daemon serves, WATCHDOG=1 from the work loop, STATUS= a one-line human summary.
 - Watchdog: sends WATCHDOG=1 at half of $WATCHDOG_USEC (only if $WATCHDOG_PID is unset or names this process).
 - setup_logging(): one line per record on stderr. Under journald ($JOURNAL_STREAM set) each line starts with the
-  syslog priority '<N>' so the journal keeps the level; elsewhere with a timestamp. Values go as key=value.
+  syslog priority '<N>' so the journal keeps the level; elsewhere with a timestamp. Values go as key=value. Repeated
+  warnings and errors from one call site are rate-limited.
 - StopFlag: SIGTERM/SIGINT set a flag the loop checks; the loop finishes its frame and cleans up.
 - Stats: counters, gauges and timings summarised every `interval` seconds at info level (and as STATUS=), so a
   healthy daemon logs a line per interval, never one per frame.
@@ -61,11 +62,29 @@ class _Formatter(logging.Formatter):
     head = f"<{_PRIORITY.get(record.levelno, 6)}>" if self.journald else time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(record.created)) + ' '
     return f"{head}{record.levelname.lower()} {record.name}: {msg}"
 
-def setup_logging(level: str | int = 'INFO') -> None:
+class RateLimit(logging.Filter):
+  """Warnings and errors of the same call site (logger and message template) at most once per `interval` s; the next
+  one that passes says how many were held back. A broken producer at 100 Hz must not flood the journal."""
+  def __init__(self, interval: float = 10.):
+    super().__init__()
+    self.interval, self.seen = interval, {}
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if record.levelno < logging.WARNING: return True
+    last, held = self.seen.get(key := (record.name, record.msg), (-self.interval, 0))
+    if record.created - last < self.interval:
+      self.seen[key] = (last, held + 1)
+      return False
+    self.seen[key] = (record.created, 0)
+    if held: record.msg = f"{record.msg} ({held} more like this held back)"
+    return True
+
+def setup_logging(level: str | int = 'INFO', rate_limit: float = 10.) -> None:
   root = logging.getLogger()
   for h in list(root.handlers): root.removeHandler(h)
   h = logging.StreamHandler(sys.stderr)
   h.setFormatter(_Formatter(journald=bool(os.environ.get('JOURNAL_STREAM'))))
+  h.addFilter(RateLimit(rate_limit))
   root.addHandler(h)
   root.setLevel(level.upper() if isinstance(level, str) else level)
 

@@ -77,6 +77,23 @@ def test_logging_terminal_and_journald():
   out = _child(LOG, {'JOURNAL_STREAM': '8:1234'}).communicate(timeout=20)[1].splitlines()
   assert out == ['<6>info modeld: stats rate=20.0Hz', '<3>error modeld: two | lines']   # journald keeps the priority
 
+def test_repeated_warnings_are_rate_limited():
+  out = _child("""
+    import logging, time
+    from common.service import setup_logging
+    setup_logging('DEBUG', rate_limit=0.3)
+    log = logging.getLogger('modeld')
+    for i in range(100):
+      log.warning('bad message %d', i)
+      log.debug('frame %d', i)   # debug lines are never held back
+    log.error('other site')
+    time.sleep(0.35)
+    log.warning('bad message %d', 100)
+  """).communicate(timeout=20)[1].splitlines()
+  warnings = [l.split(': ', 1)[1] for l in out if ' warning ' in l]
+  assert warnings == ['bad message 0', 'bad message 100 (99 more like this held back)']
+  assert sum(' debug ' in l for l in out) == 100 and sum(l.endswith('error modeld: other site') for l in out) == 1
+
 def test_stop_flag_ends_the_loop_on_sigterm_and_sigint():
   for sig in (signal.SIGTERM, signal.SIGINT):
     p = _child("""
