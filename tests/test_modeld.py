@@ -39,6 +39,9 @@ def test_sync_takes_main_ahead_then_extra_within_25ms():
   assert sync.next() is None   # no more main frames: nothing to run
   sync = FrameSync(_recv([F(1, 50)]), _recv([F(1, 38)]))
   assert sync.next()[2]        # 12 ms apart: out of sync (logged, still run)
+  sync = FrameSync(_recv([F(1, 0), F(2, 50), F(3, 100)]), _recv([F(3, 100)]))
+  sync.extra_sof = int(75e6)   # the last extra frame was at 75 ms: main frames up to 100 ms are not ahead of it
+  assert [f.frame_id for f in sync.next()[:2]] == [3, 3]
   one = FrameSync(_recv([F(4, 50)]), None).next()
   assert one[0] is one[1] and not one[2]   # one camera: extra is main
 
