@@ -228,15 +228,14 @@ class LogSource(Source):
     self.fps = DEFAULT_FPS
 
   def _recorded_services(self) -> list[str]:
-    seen, first_state = {}, {}
+    """Services in the log; also each video stream's sensor, from its first camera state."""
+    seen = {}
     for ev in LogReader(self.path, sort_by_time=False):
-      w = ev.which()
+      if (w := ev.which()) not in seen and (s := STATE_STREAM.get(w)) in self.streams: self.sensor[s] = str(getattr(ev, w).sensor)
       seen[w] = True
-      if w in STATE_STREAM and STATE_STREAM[w] in self.streams and w not in first_state:
-        st = getattr(ev, w)
-        self.sensor[STATE_STREAM[w]] = str(st.sensor)
-        first_state[w] = True
-    for s in self.streams: self.sensor.setdefault(s, "unknown")
+    if missing := [CAMERA_OF[s] for s in self.streams if s not in self.sensor]:
+      raise SourceError(f"log {self.path!r}: {', '.join(missing)} video recorded without its camera-state service, "
+                        f"so its frames have no timing: record {', '.join(CAMERA_STATE_SERVICES[STREAMS[c]] for c in missing)} too")
     return list(seen)
 
   def _frames(self, stream: int) -> Iterator[av.VideoFrame]:
@@ -269,7 +268,7 @@ class LogSource(Source):
       if (stream := STATE_STREAM.get(w)) in self.streams:
         st = getattr(ev, w)
         if st.frameId < start: continue
-        if tick is not None and (tick.index != st.frameId or stream in tick.frames or after):
+        if tick is not None and (tick.index != st.frameId or stream in tick.frames):
           yield from flush()
           tick, after = None, []
         if (f := frame_for(stream, st.frameId)) is None:
@@ -282,7 +281,7 @@ class LogSource(Source):
         tick.states[stream] = st
       elif w in self.replay:
         if early is not None: early[w] = dat
-        elif tick is not None: after.append((t, (w, dat)))   # goes right after the frame it follows
+        elif tick is not None: after.append((t, (w, dat)))   # goes right after the frame it follows (all its streams)
         else: yield Tick(-1, t, msgs=[(w, dat)])
     yield from flush()
 

@@ -279,48 +279,62 @@ def test_v4l2_device():
 
 # ---- recorded logs
 def test_log_replay_with_video(scene_file, tmp_path):
-  """Record a synthetic run (messages + lossless road video), then serve the route: frames pixel-exact to the scene,
-  recorded carState republished byte for byte."""
+  """Record a lockstep synthetic run (messages + lossless road and driver video, several segments), then serve the
+  route in lockstep: every frame pixel-exact to the scene, both streams of a frame together, the recorded messages
+  (wide road camera states, whose video was not recorded, and carState) republished byte for byte."""
   scene, route = load_scene(scene_file), tmp_path / "route"
-  rec = spawn("tools.record", "--route", route, "--segment-seconds", "0.4", "--video", "road", "--codec", "ffv1",
-              "carState", "roadCameraState", "liveCalibration")
+  services = ["carState", "liveCalibration", "roadCameraState", "wideRoadCameraState", "driverCameraState"]
+  # camerad first: it publishes nothing until every stream has a client, so the recorder (started next, subscribing
+  # to running publishers) and its video clients get everything from frame 0; this test answers like the daemons
+  cam = camerad("--source", f"synthetic:{scene_file}", "--lockstep")
+  rec = None
   try:
-    time.sleep(1.0)   # the recorder subscribes; camerad's messages go to it from its first frame
-    # the recorder subscribed before camerad published: the first frames can go by while it connects
-    rc, err = finish(camerad("--source", f"synthetic:{scene_file}", "--cameras", "road", "--fps", "20", "--loop", "--frames", "30"))
+    wait_for_server(cam)
+    pm, states = messaging.PubMaster(["modelV2", "driverStateV2"]), {s: messaging.sub_sock(s, timeout=200) for s in ("roadCameraState", "driverCameraState")}
+    (wide,) = connect([WIDE_ROAD]).values()   # the wide stream is served but not recorded as video
+    rec = spawn("tools.record", "--route", route, "--segment-seconds", "0.2", "--video", "road,driver", "--codec", "ffv1", *services)
+    while cam.poll() is None:
+      for svc, answer in (("roadCameraState", "modelV2"), ("driverCameraState", "driverStateV2")):
+        if (ev := messaging.recv_one(states[svc])) is not None:
+          time.sleep(0.03)   # the run spans several segments
+          msg = messaging.new_message(answer)
+          getattr(msg, answer).frameId = getattr(ev, svc).frameId
+          pm.send(answer, msg)
+    rc, err = finish(cam)
     assert rc == 0, err
+    wide.close()
+    pm.close()
     time.sleep(0.3)
     rec.send_signal(signal.SIGTERM)
     rc, err = finish(rec)
     assert rc == 0, err
   finally:
-    if rec.poll() is None: rec.kill()
+    for p in (cam, rec):
+      if p is not None and p.poll() is None: p.kill()
   assert len(segment_dirs(route)) >= 2
-  recorded = list(LogReader(route).raw())
-  state_ids = [ev.roadCameraState.frameId for _, ev in recorded if ev.which() == "roadCameraState"]
-  assert len(state_ids) >= 15 and state_ids == list(range(state_ids[0], 30))
-  cars = [dat for dat, ev in recorded if ev.which() == "carState"]
-  video_ids = [f.pts for d in segment_dirs(route) if (d / "road.mkv").exists() for f in av.open(str(d / "road.mkv")).decode(video=0)]
-  assert video_ids and set(video_ids) <= set(state_ids)
+  recorded = {}
+  for dat, ev in LogReader(route).raw(): recorded.setdefault(ev.which(), []).append((dat, ev))
+  for svc in ("roadCameraState", "driverCameraState", "wideRoadCameraState"):
+    assert [getattr(ev, svc).frameId for _, ev in recorded[svc]] == list(range(scene.n_frames)), svc
+  for cam_name in ("road", "driver"):
+    ids = [f.pts for d in segment_dirs(route) if (d / f"{cam_name}.mkv").exists() for f in av.open(str(d / f"{cam_name}.mkv")).decode(video=0)]
+    assert ids == list(range(scene.n_frames)), cam_name
 
   p = camerad("--source", route, "--lockstep")
   try:
-    assert wait_for_server(p) == {ROAD}
-    car = messaging.sub_sock("carState", timeout=2000)
-    r = SceneRenderer(scene, "road", NV12Layout.packed(192, 120))
-    served = []
-    replayed = []
+    assert wait_for_server(p) == {ROAD, DRIVER}
+    subs = {svc: messaging.sub_sock(svc) for svc in ("carState", "wideRoadCameraState")}
+    refs = {s: SceneRenderer(scene, CAMS[s], NV12Layout.packed(*(lambda c: (c.width, c.height))(scene.cameras[CAMS[s]]))) for s in (ROAD, DRIVER)}
+    replayed = {svc: [] for svc in subs}
     def check(s, buf):
-      replayed.extend(messaging.drain_sock_raw(car))
-      served.append(buf.frame_id)
-      # lockstep serves the recorded frames back to back; the k-th is recorded frame video_ids[k]
-      assert planes_equal(buf, r.render(video_ids[len(served) - 1] % scene.n_frames)), f"frame {buf.frame_id}"
-    lockstep_frames(p, [ROAD], ["modelV2"], check)
+      for svc, sock in subs.items(): replayed[svc] += messaging.drain_sock_raw(sock)
+      assert planes_equal(buf, refs[s].render(buf.frame_id)), f"{CAMS[s]} frame {buf.frame_id}"
+    ids = lockstep_frames(p, [ROAD, DRIVER], ["modelV2", "driverStateV2"], check)
     rc, err = finish(p)
-    assert rc == 0, err
-    assert served == list(range(video_ids[0], video_ids[0] + len(video_ids)))
-    replayed += messaging.drain_sock_raw(car)
-    assert replayed and replayed == cars[len(cars) - len(replayed):], "carState is replayed byte for byte"
+    assert rc == 0 and ids == list(range(scene.n_frames)), f"{ids}\n{err}"
+    for svc, sock in subs.items():
+      replayed[svc] += messaging.drain_sock_raw(sock)
+      assert replayed[svc] == [dat for dat, _ in recorded[svc]], f"{svc} is replayed byte for byte"
   finally:
     if p.poll() is None: p.kill()
 
