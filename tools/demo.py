@@ -17,15 +17,17 @@ from pathlib import Path
 import numpy as np
 
 # the default scene: 12 s that repeat seamlessly (every track has period 12 s), so camerad loops it and frame f shows
-# scene frame f % 240: a curve, a lead that closes in and falls back, a driver who blinks and looks at a phone
+# scene frame f % 240: a curve; a lead that appears, then closes in and falls back on the straight (a near lead on a
+# curve hides the far lane lines from any camera model); a driver who blinks, then turns to a phone
 PERIOD = 12.0
 DEMO_SCENE = {
   "name": "demo", "description": "modeld-demo: curve, closing lead, blinking driver with a phone", "sensor": "ar0231",
   "calib": [0.01, 0.02, -0.015], "duration": PERIOD, "seed": 7,
   "road": {"lane_width": 3.7, "speed": 22.0,
-           "curvature": {"keys": [[0, 0.0], [2, 0.0], [4, 0.002], [8, 0.002], [10, 0.0]], "period": PERIOD},
-           "ego_offset": {"keys": [[0, 0.0], [6, 0.3], [12, 0.0]], "period": PERIOD}},
-  "lead": {"distance": {"keys": [[0, 60.0], [3, 60.0], [7, 20.0], [9, 20.0], [12, 60.0]], "period": PERIOD}, "offset": 0.2},
+           "curvature": {"keys": [[0, 0.0], [1, 0.0], [2.5, 0.002], [4.5, 0.002], [6, 0.0]], "period": PERIOD},
+           "ego_offset": {"keys": [[0, 0.0], [6, 0.15], [12, 0.0]], "period": PERIOD}},
+  "lead": {"present": {"keys": [[0, False], [2.5, True]], "period": PERIOD},
+           "distance": {"keys": [[0, 60.0], [6, 60.0], [8.5, 25.0], [10, 25.0], [12, 60.0]], "period": PERIOD}},
   "driver": {"wheel": "left",
              "face": {"x": {"keys": [[0, 0.36], [6, 0.41], [12, 0.36]], "period": PERIOD}, "y": 0.45, "size": 0.4,
                       "yaw": {"keys": [[0, 0.0], [6, 0.0], [6.5, 0.5], [9, 0.5], [9.5, 0.0]], "period": PERIOD}},
@@ -338,14 +340,14 @@ def main(argv: list[str] | None = None) -> int:
         (f"; unclean: {bad}, logs in {logdir}" if bad else ''))
   print('\n'.join(summary(mon, duration)))
   if exit_code == 0 and bad: exit_code = 1
+  print(f"modeld-demo: recorded route: {route}")
   if not args.no_overlay and mon.counts['modelV2'] and (route / f'{route.name}--0').is_dir():
     out = args.out / 'overlay.mp4'
     # the frames of one pass of the scene at most: the overlay re-renders each frame from the scene
     cmd = [sys.executable, '-m', 'tools.overlay', str(route), '--scene', scene_spec, '--out', str(out), '--width', '960',
            '--frames', str(min(scene.n_frames, OVERLAY_FRAMES))]
-    if subprocess.run(cmd, stdin=subprocess.DEVNULL).returncode == 0: print(f"modeld-demo: overlay video: {out}")
+    if subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL).returncode == 0: print(f"modeld-demo: overlay video: {out}")
     else: exit_code = exit_code or 1
-  print(f"modeld-demo: recorded route: {route}")
   return exit_code
 
 if __name__ == '__main__':
