@@ -57,8 +57,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
   ap.add_argument("--start", type=int, default=0, metavar="N", help="first frame of the source (default: 0)")
   ap.add_argument("--frames", type=int, metavar="N", help="stop after serving N frames")
   ap.add_argument("--layout", action="append", default=[], metavar="SPEC",
-                  help="buffer layout: packed (default), aligned (stride to 128, rows padded like real camera buffers) or "
-                       "WxH:stride:uv_offset:size for the streams of that size; repeat for several sizes")
+                  help="buffer layout: packed (default) or aligned (stride to 128, rows padded like real camera buffers); "
+                       "WxH:stride:uv_offset:size (or WxH:aligned) for the streams of that size; repeatable")
   ap.add_argument("--buffers", type=int, default=8, metavar="N", help="buffers per stream (default: 8)")
   ap.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default: INFO)")
   args = ap.parse_args(argv)
@@ -66,8 +66,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
   if args.start < 0: ap.error(f"--start: expected >= 0, got {args.start}")
   if args.frames is not None and args.frames < 1: ap.error(f"--frames: expected >= 1, got {args.frames}")
   if args.lockstep_timeout <= 0: ap.error(f"--lockstep-timeout: expected > 0, got {args.lockstep_timeout}")
-  for name, value in (("--cameras", args.cameras), ("--services", args.services), ("--lockstep-services", args.lockstep_services)):
-    setattr(args, name[2:].replace("-", "_"), value.split(",") if value else None)
+  def split(v: str | None) -> list[str] | None: return v.split(",") if v else None
+  args.cameras, args.services, args.lockstep_services = split(args.cameras), split(args.services), split(args.lockstep_services)
   if args.cameras and (bad := set(args.cameras) - set(STREAMS)): ap.error(f"--cameras: expected road, wide, driver; got {sorted(bad)}")
   for lst, opt in ((args.services, "--services"), (args.lockstep_services, "--lockstep-services")):
     if lst and (bad := set(lst) - set(SERVICES)): ap.error(f"{opt}: unknown services {sorted(bad)}; known: {', '.join(SERVICES)}")
@@ -85,11 +85,15 @@ def parse_layouts(specs: list[str]) -> tuple[str, dict[tuple[int, int], NV12Layo
       explicit[(l.width, l.height)] = l
   return kind, explicit
 
-def stream_layout(layouts: tuple[str, dict], w: int, h: int) -> NV12Layout:
+def stream_layouts(layouts: tuple[str, dict], streams: dict[int, tuple[int, int]]) -> dict[int, NV12Layout]:
+  """Each stream's layout: the explicit one of its size, else packed or aligned. An explicit layout no stream has the
+  size of is an error (a typo would otherwise go unnoticed)."""
   kind, explicit = layouts
-  if explicit and (w, h) not in explicit:
-    raise SourceError(f"--layout: no layout for a {w}x{h} stream (given for {', '.join(f'{a}x{b}' for a, b in explicit)})")
-  return explicit.get((w, h)) or (NV12Layout.aligned(w, h) if kind == "aligned" else NV12Layout.packed(w, h))
+  if unused := [str(l) for (w, h), l in explicit.items() if (w, h) not in streams.values()]:
+    raise SourceError(f"--layout {', '.join(unused)}: no stream of that size (streams: "
+                      f"{', '.join(f'{CAMERA_OF[s]} {w}x{h}' for s, (w, h) in streams.items())})")
+  return {s: explicit.get((w, h)) or (NV12Layout.aligned(w, h) if kind == "aligned" else NV12Layout.packed(w, h))
+          for s, (w, h) in streams.items()}
 
 class Pacer:
   """Sleeps until each tick is due: at the source's timestamps (real time), at a fixed rate, or not at all."""
@@ -170,7 +174,7 @@ def camera_state(svc: str, frame_id: int, sof: int, eof: int, sensor: str, w: in
 def serve(args: argparse.Namespace, source: Source, stop: StopFlag) -> int:
   pm = lock = server = None
   try:
-    layouts = {s: stream_layout(args.layouts, w, h) for s, (w, h) in source.streams.items()}
+    layouts = stream_layouts(args.layouts, source.streams)
     server = VisionIpcServer(args.name)
     for s, l in layouts.items(): server.create_buffers_with_sizes(s, args.buffers, l.width, l.height, l.size, l.stride, l.uv_offset)
     pm = messaging.PubMaster([CAMERA_STATE_SERVICES[s] for s in layouts] + list(source.services))

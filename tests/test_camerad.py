@@ -162,9 +162,15 @@ def test_lockstep_without_daemon_is_a_clear_error(scene_file):
   finally:
     if p.poll() is None: p.kill()
 
-def test_start_past_the_end_is_an_error(scene_file):
+def test_option_errors(scene_file):
   rc, err = finish(camerad("--source", f"synthetic:{scene_file}", "--start", "10"))
   assert rc == 1 and "the source gave no frame from --start 10 on" in err, err
+  rc, err = finish(camerad("--source", f"synthetic:{scene_file}", "--layout", "100x50"))
+  assert rc == 1 and "--layout 100x50:100:5000:7500: no stream of that size" in err, err
+  rc, err = finish(camerad("--source", f"synthetic:{scene_file}", "--fps", "0"))
+  assert rc == 2 and "--fps: expected 0 < F <= 1000, got 0.0" in err, err
+  rc, err = finish(camerad("--source", "synthetic:no_such_scene"))
+  assert rc == 1 and "synthetic scene 'no_such_scene'" in err, err
 
 def _sockets() -> set[str]:
   d = runtime_dir()
