@@ -14,6 +14,7 @@ from modeld.desire import DesireHelper, Desire
 from modeld.fill_msgs import Action, FrameInfo, PublishState, fill_model_msgs, get_action, plan_t_at_x
 from modeld.main import finite_outputs, EX_CONFIG
 from modeld.parse import parse_outputs
+from modeld.calibration import Calibration, CalibrationError, check_rpy, sensor_name, camera_for
 
 OUTPUTS = ['modelV2', 'drivingModelData', 'cameraOdometry']
 
@@ -53,6 +54,19 @@ def test_drops_filter_and_warmup():
   assert math.isclose(f / (1 - f), 2 * (1 / 20) / (10 + 1 / 20))   # one filter step of min(dropped, 10) = 2
   d2 = FrameDrops()
   assert d2.update(50) == 49 and d2.frame_drop_perc == 0   # held at 0 in the first runs, but still a drop (prepare-only)
+
+def test_calibration_and_camera_geometry():
+  cal = Calibration()
+  assert not cal.valid and not cal.seen and cal.rpy.tolist() == [0, 0, 0]   # the default transform until one arrives
+  assert cal.update([0., 0.02, -0.01]) and cal.valid and not cal.update([0., 0.02, -0.01])   # changed, then the same
+  for bad in ([float('nan'), 0., 0.], [0., 0., 2.], [0., 0.], [float('inf')] * 3):
+    assert not cal.update(bad) and not cal.valid and cal.rpy.tolist() == [0., 0.02, -0.01]   # kept, but outputs invalid
+  assert cal.errors == 4 and not cal.update([0., 0.02, -0.01]) and cal.valid
+  with pytest.raises(CalibrationError, match=r'expected 3 finite angles .* got \[nan, 0.0, 0.0\]'): check_rpy([float('nan'), 0, 0])
+  assert [sensor_name(m, o) for m, o in (('unknown', None), ('os04c10', None), ('os04c10', 'ar0231'))] == ['ar0231', 'os04c10', 'ar0231']
+  half = camera_for('ar0231', 'road', 964, 604)
+  assert (half.width, half.height, half.focal_length) == (964, 604, 2648 / 2)   # a scaled stream keeps the field of view
+  assert camera_for('ar0231', 'wide', 1928, 1208).focal_length == 567
 
 class CS:
   def __init__(self, **kw):
