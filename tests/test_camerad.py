@@ -369,3 +369,23 @@ def test_log_replay_messages_only(tmp_path):
     got, sent = messaging.drain_sock_raw(sock), [d for s, d in recorded if s == svc]
     # the subscription connects while camerad starts up; from then on nothing is lost or changed
     assert len(got) >= 10 and got == sent[len(sent) - len(got):], svc
+
+def test_lockstep_with_the_real_daemons(tmp_path):
+  """camerad --lockstep against modeld and dmonitoringd (tiny models): every frame is answered, none is dropped."""
+  from artifacts import CACHE, LAYOUT, build
+  art = build(CACHE.parent / "tiny", models="tiny")
+  scene = tmp_path / "scene.json"
+  scene.write_text(json.dumps({"frames": 20, "calib": [0.01, 0.02, -0.015], "intrinsics": {
+    c: {"width": LAYOUT.width, "height": LAYOUT.height, "focal_length": f} for c, f in (("road", 88.0), ("wide", 20.0), ("driver", 20.0))}}))
+  env = {**os.environ, "DEV": os.environ.get("DEV", "CPU")}
+  daemons = [spawn(m, "--artifacts", art, env=env) for m in ("modeld", "dmonitoringd")]
+  try:
+    rc, err = finish(camerad("--source", f"synthetic:{scene}", "--lockstep", "--lockstep-timeout", "60"), 120)
+    assert rc == 0 and "served 20 frames" in err, err
+    for d in daemons:
+      d.send_signal(signal.SIGTERM)
+      rc, err = finish(d)
+      assert rc == 0 and "frames=20" in err, err
+  finally:
+    for d in daemons:
+      if d.poll() is None: d.kill()
