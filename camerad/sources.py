@@ -7,7 +7,7 @@ Problems a source meets while running (undecodable packets, frames missing from 
 `skipped` with the reason; problems found while opening are SourceErrors that name the file and what was wrong.
 """
 from __future__ import annotations
-import itertools, logging, os
+import itertools, os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +21,6 @@ from camerad.render import SceneRenderer, nv12_planes
 from camerad.scene import SceneError, load_scene
 from tools.logreader import VIDEO_NAMES, LogReader, segment_dirs
 
-log = logging.getLogger("camerad")
 STREAMS = {"road": ROAD, "wide": WIDE_ROAD, "driver": DRIVER}
 CAMERA_OF = {v: k for k, v in STREAMS.items()}
 STATE_STREAM = {svc: s for s, svc in CAMERA_STATE_SERVICES.items()}

@@ -2,7 +2,7 @@
 
 The test process is the consumer a daemon would be: VisionIpcClients read the frames, and in --lockstep it answers
 each frame with modelV2 / driverStateV2 carrying the frame id, as modeld and dmonitoringd do."""
-import json, os, signal, socket, stat, subprocess, sys, time
+import json, os, signal, stat, subprocess, sys, time
 from pathlib import Path
 import av
 import numpy as np
