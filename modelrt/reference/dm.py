@@ -75,15 +75,21 @@ def side(Y: Tensor, u: Tensor, v: Tensor, half: Tensor, calib: Tensor) -> dict[s
 
 def _asin(x: Tensor) -> Tensor: return (x / (1 - x * x).sqrt()).atan()
 
-def dm_fn(input_img: Tensor, calib: Tensor) -> Tensor:
-  Y = input_img.reshape(PH, POOL, PW, POOL).cast(dtypes.float32).mean((1, 3))
-  u = (Tensor.arange(PW).float() * POOL + (POOL - 1) / 2).reshape(1, PW).expand(PH, PW)
-  v = (Tensor.arange(PH).float() * POOL + (POOL - 1) / 2).reshape(PH, 1).expand(PH, PW)
-  left = (u < DM_WIDTH / 2).float()
-  sides = {'lhd': side(Y, u, v, left, calib), 'rhd': side(Y, u, v, 1 - left, calib)}
-  heads = {f'{k}_{s}': sides[s][k] for s in sides for k in sides[s] if k != 'n'}
-  heads['wheel_on_right'] = ((sides['rhd']['n'] - sides['lhd']['n']) / 300).clip(-6, 6)
-  return Tensor.cat(*[heads[k].reshape(-1).cast(dtypes.float32) for k in DM_OUTPUT_SIZES]).reshape(1, -1)
+def constants() -> dict[str, Tensor]:
+  """Realized pixel-centre coordinates (full-resolution px) of the pooled image (a lazy arange costs a reduction)."""
+  u, v = np.meshgrid(np.arange(PW) * POOL + (POOL - 1) / 2, np.arange(PH) * POOL + (POOL - 1) / 2)
+  return {'u': Tensor(u.astype(np.float32)).realize(), 'v': Tensor(v.astype(np.float32)).realize()}
+
+def dm_fn(C: dict[str, Tensor]):
+  def fn(input_img: Tensor, calib: Tensor) -> Tensor:
+    Y = input_img.reshape(PH, POOL, PW, POOL).cast(dtypes.float32).mean((1, 3))
+    u, v = C['u'], C['v']
+    left = (u < DM_WIDTH / 2).float()
+    sides = {'lhd': side(Y, u, v, left, calib), 'rhd': side(Y, u, v, 1 - left, calib)}
+    heads = {f'{k}_{s}': sides[s][k] for s in sides for k in sides[s] if k != 'n'}
+    heads['wheel_on_right'] = ((sides['rhd']['n'] - sides['lhd']['n']) / 300).clip(-6, 6)
+    return Tensor.cat(*[heads[k].reshape(-1).cast(dtypes.float32) for k in DM_OUTPUT_SIZES]).reshape(1, -1)
+  return fn
 
 def dm_model() -> ModelDef:
-  return ModelDef('dm', dict(DM_INPUTS), slices_from_sizes(DM_OUTPUT_SIZES), dm_fn, SOURCE_SHA256)
+  return ModelDef('dm', dict(DM_INPUTS), slices_from_sizes(DM_OUTPUT_SIZES), dm_fn(constants()), SOURCE_SHA256)

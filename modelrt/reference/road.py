@@ -16,7 +16,7 @@ u = cx + fl*y/x, v = cy + fl*h/x: every image row v is one distance x = fl*h/(v 
   (pose rotation, wide camera extrinsics, road transform) is zero with a high std.
 Policy reads the 25-deep feature history and plans along the lane centre at the estimated speed.
 """
-import hashlib, math
+import functools, hashlib, math
 from pathlib import Path
 import numpy as np
 from tinygrad import Tensor, dtypes
@@ -43,10 +43,15 @@ HIDDEN = {'centre': slice(0, IDX_N), 'centre_std': slice(IDX_N, 2 * IDX_N), 'cen
           'lines_found': 77, 'wide_brightness': 78}
 HIDDEN_USED = 79
 
-def _rows() -> tuple[Tensor, Tensor]:
-  """Distance x (m) and pixels per metre of lateral offset for every used row."""
-  v = Tensor.arange(V0, MODEL_HEIGHT).float()
-  return CAM_HEIGHT * FL / (v - CY), (v - CY) / CAM_HEIGHT
+@functools.cache
+def grid() -> dict[str, Tensor]:
+  """Realized index constants: u (512,) column, xs (R,) row distance (m), ppm (R,) pixels per metre across, idx (R,)
+  row number, shift (DASH_SHIFTS,). Built once outside any JIT (tinygrad computes a lazy arange with a reduction,
+  which fused into every consumer made the model several times slower)."""
+  v = np.arange(V0, MODEL_HEIGHT, dtype=np.float64)
+  c = lambda a: Tensor(np.asarray(a, np.float32)).realize()
+  return {'u': c(np.arange(MODEL_WIDTH)), 'xs': c(CAM_HEIGHT * FL / (v - CY)), 'ppm': c((v - CY) / CAM_HEIGHT),
+          'idx': c(np.arange(len(v))), 'shift': c(np.arange(DASH_SHIFTS))}
 
 def _row(x: float) -> int: return int(round(CY + FL * CAM_HEIGHT / x)) - V0   # index of the row at distance x
 
@@ -76,6 +81,18 @@ def paint_weight(Y: Tensor) -> Tensor:
   road = Y[_row(9.0):_row(6.0)].mean()
   return (E - (top * 0.35).maximum(12.0)).relu() * (Y > road + 0.4 * top).float()
 
+def edge_weight(Y: Tensor) -> Tensor:
+  """Road edge evidence (R, 512): the two pixels at an asphalt/grass border (grass: clearly darker than the road,
+  but not as dark as a lead; asphalt: within 10% of the road). Left edges have grass on the left; right edges
+  on the right: the sign of the weight tells which (+ left, - right)."""
+  road = Y[_row(9.0):_row(6.0)].mean()
+  P = (Y - road).pad((None, (4, 4))) + road                          # beyond the image: road, not an edge
+  def mean3(a: int) -> Tensor: return (P[:, 4 + a:4 + a + MODEL_WIDTH] + P[:, 5 + a:5 + a + MODEL_WIDTH] + P[:, 6 + a:6 + a + MODEL_WIDTH]) / 3
+  lm, rm = mean3(-4), mean3(1)                                         # Y[u-4..u-2], Y[u+1..u+3]
+  grass = lambda m: (m < road * 0.85) & (m > road * 0.45)
+  asphalt = lambda m: (m - road).abs() < road * 0.1
+  return (grass(lm) & asphalt(rm)).float() * EDGE_WEIGHT - (asphalt(lm) & grass(rm)).float() * EDGE_WEIGHT
+
 def _solve3(A: list[list[Tensor]], b: list[Tensor]) -> list[Tensor]:
   """Cramer's rule for a batch of symmetric 3x3 systems (entries are same-shaped tensors)."""
   def det(m): return (m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1]) - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
@@ -101,7 +118,7 @@ def evaluate(coef: Tensor, x: Tensor) -> Tensor:
 
 def nearest_paint(w: Tensor, lim_u: Tensor, side: int) -> tuple[Tensor, Tensor]:
   """Per row, the paint pixel nearest to lim_u on one side (-1 left, +1 right): (u, found). w (R, 512), lim_u (R,)."""
-  u = Tensor.arange(MODEL_WIDTH).float()
+  u = grid()['u']
   # paint needs two adjacent pixels: single noise pixels do not seed a line
   p = (w > 0) & ((w.pad((None, (1, 0)))[:, :-1] > 0) | (w.pad((None, (0, 1)))[:, 1:] > 0))
   m = p & ((u < lim_u[:, None]) if side < 0 else (u > lim_u[:, None]))
@@ -124,13 +141,14 @@ def seed(w: Tensor, xs: Tensor, ppm: Tensor, lim_y: Tensor, side: int, gap: floa
 
 def window_centroids(w: Tensor, prior: Tensor, half_m: Tensor, ppm: Tensor) -> tuple[Tensor, Tensor]:
   """Per line and row, the paint centroid within +-half_m of the prior (L, R): (y (L, R), evidence (L, R))."""
-  u = Tensor.arange(MODEL_WIDTH).float()
+  u = grid()['u']
   up = (CX + prior * ppm)[..., None]
   W = w[None] * ((u - up).abs() < (half_m * ppm)[..., None]).float()
   e = W.sum(-1)
   return ((W * u).sum(-1) / (e + 1e-6) - CX) / ppm, e
 
 EVIDENCE_MIN = 20.0
+EDGE_WEIGHT = 50.0   # per border pixel, so that a row's two border pixels pass EVIDENCE_MIN
 
 def refine(w: Tensor, coef: Tensor, xs: Tensor, ppm: Tensor, x_max: float, half: tuple[float, float]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
   """Windowed centroids around the fits, rows up to x_max, refit quadratically: (coef, y, q, evidence)."""
@@ -165,6 +183,21 @@ def detect_lines(w: Tensor, xs: Tensor, ppm: Tensor) -> tuple[Tensor, Tensor, Te
   coef, y, q, _ = refine(w, coef, xs, ppm, 1e3, (0.3, 0.003))
   return coef, y, q
 
+def detect_edges(w: Tensor, lines: Tensor, found: Tensor, xs: Tensor, ppm: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+  """Fits (2, 3) of the left and right road edge, seeded beyond the outermost line found, refined like lines."""
+  b = slice(_row(40.0), _row(6.0))
+  xb, pb = xs[b], ppm[b]
+  outer = lambda i, j: found[i].where(evaluate(lines[i:i + 1], xb)[0], evaluate(lines[j:j + 1], xb)[0])
+  coef = Tensor.cat(seed(w[b].relu(), xb, pb, outer(0, 1), -1, 1.0)[0], seed((-w[b]).relu(), xb, pb, outer(3, 2), 1, 1.0)[0])
+  wl, wr = w.relu(), (-w).relu()
+  for x_max, half in ((60.0, (0.4, 0.008)), (1e3, (0.3, 0.003))):
+    prior, hw = evaluate(coef, xs), half[0] + half[1] * xs
+    (yl, el), (yr, er) = window_centroids(wl, prior[0:1], hw, ppm), window_centroids(wr, prior[1:2], hw, ppm)
+    y, e = yl.cat(yr), el.cat(er)
+    q = ((e > EVIDENCE_MIN) & (xs <= x_max)[None]).float()
+    coef = fit(y, q, xs, quadratic=True)
+  return coef, y, q
+
 def line_stats(coef: Tensor, y: Tensor, q: Tensor, xs: Tensor, X: Tensor) -> tuple[Tensor, Tensor, Tensor]:
   """Per line: means at X (X_IDXS) (L, 33), stds (L, 33), presence logit (L,)."""
   mean = evaluate(coef, X)
@@ -180,7 +213,7 @@ def line_stats(coef: Tensor, y: Tensor, q: Tensor, xs: Tensor, X: Tensor) -> tup
 
 def lead(Y: Tensor, coef: Tensor, xs: Tensor, ppm: Tensor) -> tuple[Tensor, Tensor, Tensor]:
   """The lowest row (>= 3 rows high) whose ego-lane interior is mostly darker than the road: (found, x, y)."""
-  u = Tensor.arange(MODEL_WIDTH).float()
+  u = grid()['u']
   ego = evaluate(coef[1:3], xs)                                      # (2, R)
   lo, hi = CX + (ego[0] + 0.25) * ppm, CX + (ego[1] - 0.25) * ppm
   inside = ((u >= lo[:, None]) & (u <= hi[:, None])).float()        # (R, 512)
@@ -190,7 +223,7 @@ def lead(Y: Tensor, coef: Tensor, xs: Tensor, ppm: Tensor) -> tuple[Tensor, Tens
   want = (hi - lo).clip(1, None).minimum(1.5 * ppm)
   row = (dark.sum(-1) / want) > 0.5                                  # (R,)
   tall = row & row.pad((2, 0))[:-2] & row.pad((4, 0))[:-4]           # dark 2 and 4 rows higher too
-  idx = Tensor.arange(tall.shape[0]).float()
+  idx = grid()['idx']
   bottom = (tall.float() * (idx + 1)).max() - 1                      # -1: none
   found = bottom >= 0
   x = CAM_HEIGHT * FL / (bottom + V0 + 0.5 - CY).maximum(1.0)
@@ -223,7 +256,7 @@ def ego_speed(e_new: Tensor, e_old: Tensor, interp: Tensor) -> tuple[Tensor, Ten
   corr = (an * bu).sum((0, 2)) / (((an * an).sum() * (bu * bu).sum((0, 2))).sqrt() + 1e-3)
   k = corr.argmax()
   c0 = corr.max()
-  ks = Tensor.arange(DASH_SHIFTS)
+  ks = grid()['shift']
   cm, cp = (corr * (ks == k - 1)).sum(), (corr * (ks == k + 1)).sum()
   off = ((cm - cp) / (2 * (cm - 2 * c0 + cp) - 1e-6)).clip(-0.5, 0.5)
   d = (k.float() + off) * (DASH_X[1] - DASH_X[0])
@@ -235,6 +268,7 @@ def constants() -> dict[str, Tensor]:
   """Realized constant tensors the model closes over (lazy constants inside a cat misbehave in tinygrad 0.14)."""
   def c(a) -> Tensor: return Tensor(np.asarray(a, np.float32)).realize()
   desire = np.zeros((DESIRE_PRED_LEN, DESIRE_LEN)); desire[:, 0] = 1.0   # "none" somewhat more likely, nothing sure
+  grid()
   return {'X': c(X_IDXS), 'lead_t': c(LEAD_T_IDXS), 'interp': dash_interp(),
           'wide_from_device': c([0, 0, 0, *[math.log(0.05)] * 3]),
           'road_transform': c([0] * POSE_WIDTH + [math.log(1.0)] * POSE_WIDTH),
@@ -244,7 +278,7 @@ def constants() -> dict[str, Tensor]:
 
 def vision_fn(C: dict[str, Tensor]):
   def fn(img: Tensor, big_img: Tensor) -> Tensor:
-    xs, ppm = _rows()
+    xs, ppm = grid()['xs'], grid()['ppm']
     Yn, Yo = y_plane(img, 1), y_plane(img, 0)
     wn, wo = paint_weight(Yn), paint_weight(Yo)
     coef, y, q = detect_lines(wn, xs, ppm)
@@ -271,9 +305,14 @@ def vision_fn(C: dict[str, Tensor]):
     lane_width = (mean[2] - mean[1])[_X10]
     lines_found = ((logit[1] > 0) & (logit[2] > 0)).float()
     # road edges: SHOULDER beyond the outermost line found (no paint beyond an ego line: it is the outer line)
-    edge_l = (logit[0] > 0).where(mean[0], mean[1]) - SHOULDER
-    edge_r = (logit[3] > 0).where(mean[3], mean[2]) + SHOULDER
-    edge_std = Tensor.stack((logit[0] > 0).where(std[0], std[1]), (logit[3] > 0).where(std[3], std[2])) + 0.3
+    # road edges: the asphalt/grass borders beyond the outermost lines; none seen: SHOULDER beyond those lines
+    ecoef, ey, eq = detect_edges(edge_weight(Yn), coef, logit > 0, xs, ppm)
+    emean, estd, elogit = line_stats(ecoef, ey, eq, xs, C['X'])
+    seen = elogit > 0
+    edge_l = seen[0].where(emean[0], (logit[0] > 0).where(mean[0], mean[1]) - SHOULDER)
+    edge_r = seen[1].where(emean[1], (logit[3] > 0).where(mean[3], mean[2]) + SHOULDER)
+    edge_std = Tensor.stack(seen[0].where(estd[0], (logit[0] > 0).where(std[0], std[1]) + 1.0),
+                            seen[1].where(estd[1], (logit[3] > 0).where(std[3], std[2]) + 1.0))
 
     z = mean * 0 + CAM_HEIGHT
     lane_lines = Tensor.cat(Tensor.stack(mean, z, dim=-1).flatten(), Tensor.stack(std, std * 0 + 0.2, dim=-1).log().flatten())
