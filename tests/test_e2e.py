@@ -226,8 +226,8 @@ def test_driver_padded_layout_same_numbers(driver):
 # ***** the demo *****
 
 def test_demo(artifacts, tmp_path, monkeypatch):
-  shm = {p for p in os.listdir('/dev/shm')}
-  p = subprocess.run([sys.executable, '-m', 'tools.demo', '--seconds', '10', '--no-overlay', '--artifacts', str(artifacts), '--out', str(tmp_path / 'demo')],
+  shm, out = set(os.listdir('/dev/shm')), tmp_path / 'demo'
+  p = subprocess.run([sys.executable, '-m', 'tools.demo', '--seconds', '8', '--artifacts', str(artifacts), '--out', str(out)],
                      capture_output=True, text=True, cwd=REPO, timeout=240)
   print(p.stdout[-3000:], p.stderr[-3000:])
   assert p.returncode == 0
@@ -236,13 +236,16 @@ def test_demo(artifacts, tmp_path, monkeypatch):
   assert len(pids) == 4
   for pid in pids:   # reaped by the demo, none left behind as an orphan
     with pytest.raises(ProcessLookupError): os.kill(pid, 0)
-  m = re.search(r"modelV2 (\d+) .*driverStateV2 (\d+)", p.stdout)
-  assert 'summary' in p.stdout and int(m.group(1)) > 0 and int(m.group(2)) > 0, p.stdout
   assert re.search(r"stopped camerad \(0\), modeld \(0\), dmonitoringd \(0\), record \(0\)", p.stdout)
+  m = re.search(r"summary.*\n.*modelV2 (\d+) .*driverStateV2 (\d+)", p.stdout)
+  assert int(m.group(1)) > 0 and int(m.group(2)) > 0, p.stdout
   # no sockets (VisionIPC or pub/sub) left in the demo's prefix, no shared memory files (the rings are memfds);
   # Python multiprocessing semaphores of other processes on the machine come and go and are not ours
   monkeypatch.setenv('OPENPILOT_PREFIX', prefix)
   assert os.listdir(d := runtime_dir()) == []
   os.rmdir(d)   # runtime_dir() made it again just now
-  assert not [p for p in set(os.listdir('/dev/shm')) - shm if not p.startswith('sem.mp-')]
-  assert (tmp_path / 'demo' / 'route').is_dir()
+  assert not [f for f in set(os.listdir('/dev/shm')) - shm if not f.startswith('sem.mp-')]
+  # it ends with the overlay video of the recorded route
+  assert p.stdout.strip().splitlines()[-1] == f"modeld-demo: overlay video: {out / 'overlay.mp4'}"
+  import av
+  with av.open(str(out / 'overlay.mp4')) as c: assert sum(1 for _ in c.decode(video=0)) > 0

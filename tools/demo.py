@@ -103,9 +103,9 @@ class Series:
   def __len__(self) -> int: return len(self.v)
   def mean(self) -> float: return float(np.mean(self.v)) if self.v else math.nan
   def max(self) -> float: return float(np.max(self.v)) if self.v else math.nan
-  def frac(self) -> float: return float(np.mean(self.v)) if self.v else math.nan
 
 class Rate:
+  """Arrivals per second over the last RATE_WINDOW seconds."""
   def __init__(self): self.t: deque[float] = deque()
   def hit(self, now: float) -> None:
     self.t.append(now)
@@ -249,7 +249,7 @@ def summary(mon: Monitor, seconds: float) -> list[str]:
     f"  lead          distance error (10-80 m): mean {_f(s['lead_rel'].mean() * 100, '.1f')} %, worst {_f(s['lead_rel'].max() * 100, '.1f')} % "
     f"({len(s['lead_rel'])} frames); prob without a lead: max {_f(s['lead_prob_none'].max())} ({len(s['lead_prob_none'])} frames)",
     f"  driver        face position error: mean {_f(s['face_pos'].mean() * 100, '.1f')} %, worst {_f(s['face_pos'].max() * 100, '.1f')} % "
-    f"of the width; eyes right in {_f(s['eyes_ok'].frac() * 100, '.0f')} %, phone right in {_f(s['phone_ok'].frac() * 100, '.0f')} % "
+    f"of the width; eyes right in {_f(s['eyes_ok'].mean() * 100, '.0f')} %, phone right in {_f(s['phone_ok'].mean() * 100, '.0f')} % "
     f"of {len(s['eyes_ok'])} frames",
     f"  execution     modelV2 mean {_f(s['model_ms'].mean(), '.1f')} ms, max {_f(s['model_ms'].max(), '.1f')} ms; "
     f"driverStateV2 mean {_f(s['dm_ms'].mean(), '.1f')} ms, max {_f(s['dm_ms'].max(), '.1f')} ms"]
@@ -287,7 +287,10 @@ def main(argv: list[str] | None = None) -> int:
   if args.scene == 'demo':   # camerad and modeld-overlay read scenes from files
     (scene_file := args.out / 'scene.json').write_text(json.dumps(DEMO_SCENE, indent=1))
     scene_spec = str(scene_file)
-  build_artifacts(args.artifacts, scene)
+  try: build_artifacts(args.artifacts, scene)
+  except KeyboardInterrupt:
+    print("\nmodeld-demo: interrupted while building the artifacts", file=sys.stderr)
+    return 130
 
   prefix = f"demo{os.getpid()}"
   os.environ['OPENPILOT_PREFIX'] = prefix   # before any socket: this process and its children use the private prefix
