@@ -196,7 +196,8 @@ def test_daemon_frames_in_lockstep(artifacts, tmp_path):
   mods = modules.read_text().split()
   assert 'tinygrad' in mods and 'modelrt.runner' in mods and not any(m == 'torch' or m.startswith('torch.') for m in mods)
   log = d.stderr()
-  assert 'Traceback' not in log and not any('info' in l and 'frame ' in l for l in log.splitlines())   # no per-frame info lines
+  info = [l for l in log.splitlines() if ' debug ' not in l]
+  assert 'Traceback' not in log and len(info) < 15, info   # 30 frames: start-up, stats and stop lines, nothing per frame
 
 def test_daemon_dropped_frames(artifacts):
   """Frames with the road camera missing (nothing, or only the wide one): the next road frame only feeds the history;
