@@ -53,7 +53,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
   ap.add_argument('--artifacts', default='artifacts', metavar='DIR', help="model artifacts, built here when missing or "
                   "out of date (default: ./artifacts)")
   ap.add_argument('--out', metavar='DIR', help="run folder: logs, recorded route, overlay.mp4 (default: ./out/demo-<date>--<time>)")
-  ap.add_argument('--fps', type=float, metavar='F', help="camera rate (default: the scene's, 20)")
+  ap.add_argument('--fps', type=float, metavar='F', help="camera rate (default: the scene's, 20); lower it when "
+                  "the machine cannot run the models that often: a dropped frame makes the next one prepare-only")
   ap.add_argument('--no-overlay', action='store_true', help="do not render the overlay MP4 at the end")
   args = ap.parse_args(argv)
   if args.seconds is not None and args.seconds <= 0: ap.error(f"--seconds: expected > 0, got {args.seconds}")
