@@ -4,7 +4,7 @@ daemon answered the previous one), so every frame is answered and a run is deter
 One modeld and one dmonitoringd serve all the runs of this file (camerad restarts between runs; the daemons reconnect
 and reset their history). And the demo, run as `make demo` runs it.
 """
-import contextlib, os, re, subprocess, sys, time
+import contextlib, os, re, shutil, subprocess, sys, time
 import numpy as np
 import pytest
 from artifacts import REPO, build
@@ -83,6 +83,7 @@ class Stack:
 
   def close(self) -> None:
     rc, _ = self.daemon.stop()
+    with self.env(): shutil.rmtree(runtime_dir())   # the publishers' lock files
     assert rc == 0
 
 @pytest.fixture(scope='module')
