@@ -87,10 +87,13 @@ def edge_weight(Y: Tensor) -> Tensor:
   on the right: the sign of the weight tells which (+ left, - right)."""
   road = Y[_row(9.0):_row(6.0)].mean()
   P = (Y - road).pad((None, (4, 4))) + road                          # beyond the image: road, not an edge
-  def mean3(a: int) -> Tensor: return (P[:, 4 + a:4 + a + MODEL_WIDTH] + P[:, 5 + a:5 + a + MODEL_WIDTH] + P[:, 6 + a:6 + a + MODEL_WIDTH]) / 3
-  lm, rm = mean3(-4), mean3(1)                                         # Y[u-4..u-2], Y[u+1..u+3]
-  grass = lambda m: (m < road * 0.85) & (m > road * 0.45)
-  asphalt = lambda m: (m - road).abs() < road * 0.1
+  def three(a: int) -> tuple[Tensor, Tensor]:                          # min and max of Y[u+a .. u+a+2]
+    t = [P[:, 4 + a + k:4 + a + k + MODEL_WIDTH] for k in range(3)]
+    return t[0].minimum(t[1]).minimum(t[2]), t[0].maximum(t[1]).maximum(t[2])
+  lm, rm = three(-4), three(1)                                         # Y[u-4..u-2], Y[u+1..u+3]
+  # every pixel of the run must qualify: a mean would call the blend of a dark lead and asphalt grass
+  grass = lambda m: (m[1] < road * 0.85) & (m[0] > road * 0.45)
+  asphalt = lambda m: (m[1] < road * 1.1) & (m[0] > road * 0.9)
   return (grass(lm) & asphalt(rm)).float() * EDGE_WEIGHT - (asphalt(lm) & grass(rm)).float() * EDGE_WEIGHT
 
 def _solve3(A: list[list[Tensor]], b: list[Tensor]) -> list[Tensor]:
@@ -110,6 +113,20 @@ def fit(y: Tensor, q: Tensor, xs: Tensor, quadratic: bool) -> Tensor:
   if quadratic: A, b = [[S[0] + 1e-3, S[1], S[2]], [S[1], S[2] + lam, S[3]], [S[2], S[3], S[4] + lam]], T
   else: A, b = [[S[0] + 1e-3, S[1], 0], [S[1], S[2] + lam, 0], [0, 0, 1]], [T[0], T[1], 0]
   return Tensor.stack(*_solve3(A, b), dim=-1)
+
+def fit_parallel(y: Tensor, q: Tensor, xs: Tensor) -> Tensor:
+  """Weighted least squares of parallel lines y_j ~ a_j + b*s + c*s^2 (one shape, an offset per line): the lines
+  beside a lead, which it does not hide, carry the shape of the ones behind it. Eliminating each a_j leaves a
+  2x2 system for (b, c). Returns (L, 3)."""
+  s = xs / XS
+  S = [(q * s ** k).sum(-1) for k in range(5)]
+  T = [(q * y * s ** k).sum(-1) for k in range(3)]
+  n = S[0] + 1e-3
+  A11, A12, A22 = (S[2] - S[1] * S[1] / n).sum() + 1e-3, (S[3] - S[1] * S[2] / n).sum(), (S[4] - S[2] * S[2] / n).sum() + 1e-3
+  B1, B2 = (T[1] - S[1] * T[0] / n).sum(), (T[2] - S[2] * T[0] / n).sum()
+  det = A11 * A22 - A12 * A12
+  b, c = (B1 * A22 - B2 * A12) / det, (A11 * B2 - A12 * B1) / det
+  return Tensor.stack((T[0] - b * S[1] - c * S[2]) / n, b + S[0] * 0, c + S[0] * 0, dim=-1)
 
 def evaluate(coef: Tensor, x: Tensor) -> Tensor:
   """(L, 3) coefficients at distances x (N,) -> (L, N)."""
@@ -150,11 +167,12 @@ def window_centroids(w: Tensor, prior: Tensor, half_m: Tensor, ppm: Tensor) -> t
 EVIDENCE_MIN = 20.0
 EDGE_WEIGHT = 50.0   # per border pixel, so that a row's two border pixels pass EVIDENCE_MIN
 
-def refine(w: Tensor, coef: Tensor, xs: Tensor, ppm: Tensor, x_max: float, half: tuple[float, float]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def refine(w: Tensor, coef: Tensor, xs: Tensor, ppm: Tensor, x_max: float, half: tuple[float, float],
+           parallel: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
   """Windowed centroids around the fits, rows up to x_max, refit quadratically: (coef, y, q, evidence)."""
   y, e = window_centroids(w, evaluate(coef, xs), half[0] + half[1] * xs, ppm)
   q = ((e > EVIDENCE_MIN) & (xs <= x_max)[None]).float()
-  return fit(y, q, xs, quadratic=True), y, q, e
+  return (fit_parallel(y, q, xs) if parallel else fit(y, q, xs, quadratic=True)), y, q, e
 
 def detect_lines(w: Tensor, xs: Tensor, ppm: Tensor) -> tuple[Tensor, Tensor, Tensor]:
   """Fits (4, 3) of left adjacent, ego left, ego right, right adjacent; per-row centroids and weights (4, R)."""
@@ -179,23 +197,32 @@ def detect_lines(w: Tensor, xs: Tensor, ppm: Tensor) -> tuple[Tensor, Tensor, Te
     return e + (n > 3).where(evaluate(s, x12) - evaluate(e, x12), side * width).pad((None, (0, 2)))
   adj_l, adj_r = adjacent(-1), adjacent(1)
   coef = Tensor.cat(adj_l, ego, adj_r)
-  coef = refine(w, coef, xs, ppm, 100.0, (0.4, 0.005))[0]
-  coef, y, q, _ = refine(w, coef, xs, ppm, 1e3, (0.3, 0.003))
+  coef = refine(w, coef, xs, ppm, 100.0, (0.4, 0.005), parallel=True)[0]
+  coef, y, q, _ = refine(w, coef, xs, ppm, 1e3, (0.3, 0.003), parallel=True)
   return coef, y, q
 
 def detect_edges(w: Tensor, lines: Tensor, found: Tensor, xs: Tensor, ppm: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-  """Fits (2, 3) of the left and right road edge, seeded beyond the outermost line found, refined like lines."""
-  b = slice(_row(40.0), _row(6.0))
+  """Fits (2, 3) of the left and right road edge: the outermost line found, shifted by the mean offset of the
+  border pixels around it (a road's borders run parallel to its lines, and one offset extrapolates far better
+  than a curve fitted to the few far rows where a border enters the picture). Seeded in the rows 6..40 m."""
+  b = slice(_row(60.0), _row(6.0))                                    # a border lanes away enters the picture far out
   xb, pb = xs[b], ppm[b]
-  outer = lambda i, j: found[i].where(evaluate(lines[i:i + 1], xb)[0], evaluate(lines[j:j + 1], xb)[0])
-  coef = Tensor.cat(seed(w[b].relu(), xb, pb, outer(0, 1), -1, 1.0)[0], seed((-w[b]).relu(), xb, pb, outer(3, 2), 1, 1.0)[0])
+  outer = Tensor.stack(found[0].where(lines[0], lines[1]), found[3].where(lines[3], lines[2]))
+  ob = evaluate(outer, xb)
   wl, wr = w.relu(), (-w).relu()
-  for x_max, half in ((60.0, (0.4, 0.008)), (1e3, (0.3, 0.003))):
+  (sl, nl), (sr, nr) = seed(wl[b], xb, pb, ob[0], -1, 1.0), seed(wr[b], xb, pb, ob[1], 1, 1.0)
+  # the prior: the outer line shifted onto the seed at 30 m, or by the shoulder when no border was seen
+  x30 = Tensor.full((1,), 30.0)
+  off = Tensor.stack((nl > 3).where((evaluate(sl, x30) - evaluate(outer[0:1], x30))[0, 0], -SHOULDER),
+                     (nr > 3).where((evaluate(sr, x30) - evaluate(outer[1:2], x30))[0, 0], SHOULDER))
+  coef = outer + off[:, None].pad((None, (0, 2)))
+  for half in ((0.5, 0.01), (0.3, 0.003)):
     prior, hw = evaluate(coef, xs), half[0] + half[1] * xs
     (yl, el), (yr, er) = window_centroids(wl, prior[0:1], hw, ppm), window_centroids(wr, prior[1:2], hw, ppm)
     y, e = yl.cat(yr), el.cat(er)
-    q = ((e > EVIDENCE_MIN) & (xs <= x_max)[None]).float()
-    coef = fit(y, q, xs, quadratic=True)
+    q = (e > EVIDENCE_MIN).float()
+    d = (q * (y - evaluate(outer, xs))).sum(-1) / (q.sum(-1) + 1e-3)
+    coef = outer + d[:, None].pad((None, (0, 2)))
   return coef, y, q
 
 def line_stats(coef: Tensor, y: Tensor, q: Tensor, xs: Tensor, X: Tensor) -> tuple[Tensor, Tensor, Tensor]:
