@@ -54,9 +54,9 @@ def test_ego_lane_lines(road, scene):
   # the adjacent lines of the 3-lane road and the road edges are found too, a little less precisely
   for r in road[scene]:
     truth = np.array([l['y'] for l in r['truth']['road']['lane_lines']])
-    assert np.abs(r['lane_lines'][[0, 3], :, 0] - truth[[0, 3]])[:, NEAR].max() < 0.3
+    assert np.abs(r['lane_lines'][[0, 3], :, 0] - truth[[0, 3]])[:, NEAR].max() < 0.15
     edges = np.array([e['y'] for e in r['truth']['road']['road_edges']])
-    assert np.abs(r['road_edges'][:, :, 0] - edges)[:, NEAR].max() < 0.5
+    assert np.abs(r['road_edges'][:, :, 0] - edges)[:, NEAR].max() < 0.25
 
 def test_wrong_calibration_misses_the_lanes(road):
   # the same frames warped as if the camera were mounted straight: the lines land elsewhere in the model frame
