@@ -4,10 +4,12 @@ Vision reads the newest and the 4-frames-older packed model frame of `img`, rebu
 works in the calibrated model frame, where a road point (x ahead, y right, camera height h below) sits at
 u = cx + fl*y/x, v = cy + fl*h/x: every image row v is one distance x = fl*h/(v - cy).
 - Paint: a ridge detector (a pixel brighter than the mean of both neighbourhoods, at three widths) per row.
-- Lines: the paint nearest the centre on each side in the near rows seeds the ego lines; windowed centroids
-  per row and weighted quadratic fits y = a + b*x + c*x^2 refine them over growing distance ranges; the
-  adjacent lines are seeded beyond the ego lines the same way. Stds are small where rows carried paint and
-  grow where the fit extrapolates; a line with little paint gets a low probability and a large std.
+- Lines: the paint nearest the ego's line (along the lanes' heading) on each side in the near rows seeds the
+  ego lines; windowed centroids per row and weighted quadratic fits y = a + b*x + c*x^2 refine them over
+  growing distance ranges; the adjacent lines are seeded beyond the ego lines the same way; the last fits treat
+  all four as parallel curves. Stds are small where rows carried paint and grow where the fit extrapolates; a
+  line with little paint gets a low probability and a large std.
+- Road edges: the asphalt/grass border beyond the outermost line, as an offset of that line.
 - Lead: the lowest row whose ego-lane interior is mostly dark (and stays dark above it) is the lead's contact
   row: x = fl*h/(v - cy). The same in the older frame gives the relative speed over the 0.2 s between them.
 - Ego speed: the dashes of the ego lines move towards the camera between the two frames; the shift that best
@@ -20,10 +22,9 @@ import functools, hashlib, math
 from pathlib import Path
 import numpy as np
 from tinygrad import Tensor, dtypes
-from modelrt.constants import (IDX_N, X_IDXS, T_IDXS, LEAD_T_IDXS, LEAD_MHP_N, LEAD_MHP_SELECTION, LEAD_TRAJ_LEN, LEAD_WIDTH,
-                               NUM_LANE_LINES, DESIRE_LEN, DESIRE_PRED_LEN, META_LEN, POSE_WIDTH, FEATURE_LEN, PLAN_MHP_N,
-                               PLAN_WIDTH, MODEL_WIDTH, MODEL_HEIGHT, FRAME_SKIP, MODEL_RUN_FREQ, VISION_INPUTS, POLICY_INPUTS,
-                               VISION_OUTPUT_SIZES, POLICY_OUTPUT_SIZES, slices_from_sizes)
+from modelrt.constants import (IDX_N, X_IDXS, T_IDXS, LEAD_T_IDXS, LEAD_MHP_SELECTION, DESIRE_LEN, DESIRE_PRED_LEN, META_LEN,
+                               POSE_WIDTH, FEATURE_LEN, PLAN_WIDTH, MODEL_WIDTH, MODEL_HEIGHT, FRAME_SKIP, MODEL_RUN_FREQ,
+                               HISTORY_LEN, VISION_INPUTS, POLICY_INPUTS, VISION_OUTPUT_SIZES, POLICY_OUTPUT_SIZES, slices_from_sizes)
 from modelrt.geometry import MEDMODEL_INTRINSICS
 from modelrt.modeldef import ModelDef
 
@@ -393,7 +394,8 @@ def policy_fn(C: dict[str, Tensor]):
     wgt = f[:, HIDDEN['speed_conf']] * C['recency']
     speed = (wgt.sum() > 0.5).where((wgt * f[:, HIDDEN['speed']]).sum() / (wgt.sum() + 1e-6), DEFAULT_SPEED).maximum(0.0)
     speed_std = (wgt.sum() > 0.5).where(1.0, 10.0)
-    a, b, c = new[66], new[67] / XS, new[68] / (XS * XS)                # centre y = a + b*x + c*x^2
+    fit0 = HIDDEN['centre_fit'].start
+    a, b, c = new[fit0], new[fit0 + 1] / XS, new[fit0 + 2] / (XS * XS)   # centre y = a + b*x + c*x^2
     lines = new[HIDDEN['lines_found']]
     t = C['T']
     x = speed * t
@@ -417,7 +419,7 @@ def policy_fn(C: dict[str, Tensor]):
     logits = [3.0, -2.0, -2.0, -1.0, -1.0]
     plan = Tensor.cat(*[Tensor.cat(h.flatten(), std.log().flatten(), (std[0, :1] * 0 + w)) for h, w in zip(hyps, logits)])
     # desire state: drift across the lane over the last 0.4 s (wrapped where the ego lane switches), plus pulses
-    d = f[-1, 66] - f[-3, 66]
+    d = f[-1, fit0] - f[-3, fit0]
     d = (d > width / 2).where(d - width, (d < -width / 2).where(d + width, d))
     rate = d / (2 * FRAME_DT) * f[-3, HIDDEN['lines_found']] * lines   # no lines then or now: no drift known
     pulse = desire_pulse[0].max(0)
@@ -431,7 +433,6 @@ def policy_fn(C: dict[str, Tensor]):
 
 def policy_constants() -> dict[str, Tensor]:
   def c(a) -> Tensor: return Tensor(np.asarray(a, np.float32)).realize()
-  from modelrt.constants import HISTORY_LEN
   plan_y = np.zeros(PLAN_WIDTH); plan_y[1] = 1.0
   slower, faster = np.ones(PLAN_WIDTH), np.ones(PLAN_WIDTH)
   slower[[0, 3]], faster[[0, 3]] = 0.9, 1.1
