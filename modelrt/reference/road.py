@@ -53,7 +53,7 @@ def grid() -> dict[str, Tensor]:
   c = lambda a: Tensor(np.asarray(a, np.float32)).realize()
   return {'u': c(np.arange(MODEL_WIDTH)), 'xs': c(CAM_HEIGHT * FL / (ROWS - CY)), 'ppm': c((ROWS - CY) / CAM_HEIGHT),
           'xs_full': c(CAM_HEIGHT * FL / (v - CY)), 'ppm_full': c((v - CY) / CAM_HEIGHT), 'idx': c(np.arange(len(v))),
-          'shift': c(np.arange(DASH_SHIFTS))}
+          'shift': c(np.arange(DASH_SHIFTS)), 'lr': c([[-1.0], [1.0]])}
 
 # The lines and edges look at every row far away and at every 2nd / 3rd row near by, where rows are 3-10 cm apart
 # (a third fewer rows, a third less time); the lead looks at every row.
@@ -76,19 +76,18 @@ PAD = 20
 def ridge(Y: Tensor) -> Tensor:
   """How much brighter each pixel is than the means of both of its horizontal neighbourhoods (best of three widths).
   Box sums of 2, 4, 8 px build on each other; the border is padded bright so it never looks like paint."""
-  box = {1: Y.pad((None, (PAD, PAD)), value=255.0)}
-  for w in (2, 4, 8): box[w] = (box[w // 2][:, :-(w // 2)] + box[w // 2][:, w // 2:]).contiguous()
-  def mean(a: int, w: int) -> Tensor: return box[w][:, PAD + a:PAD + a + MODEL_WIDTH] / w   # mean of Y[u+a .. u+a+w-1]
+  box = {1: Y.pad((None,) * (Y.ndim - 1) + ((PAD, PAD),), value=255.0)}
+  for w in (2, 4, 8): box[w] = (box[w // 2][..., :-(w // 2)] + box[w // 2][..., w // 2:]).contiguous()
+  def mean(a: int, w: int) -> Tensor: return box[w][..., PAD + a:PAD + a + MODEL_WIDTH] / w   # mean of Y[u+a .. u+a+w-1]
   return Tensor.stack(*[Y - mean(-g - w + 1, w).maximum(mean(g, w)) for g, w in RIDGE_SCALES]).max(0)
 
 def paint_weight(Y: Tensor) -> Tensor:
-  """Per-pixel paint evidence >= 0: a ridge above a threshold set by the strongest paint in the near rows, on a
-  pixel clearly brighter than the road. The brightness gate keeps out road pixels between dark ones (the jagged
-  bottom edge of a lead, where a ridge detector alone sees a bright stripe)."""
+  """Per-pixel paint evidence >= 0 of (frames, R, 512) planes: a ridge above a threshold set by the strongest paint
+  in the frame's near rows, on a pixel clearly brighter than the road. The brightness gate keeps out road pixels
+  between dark ones (the jagged bottom edge of a lead, where a ridge detector alone sees a bright stripe)."""
   E = ridge(Y)
-  near = slice(_row(25.0), None)
-  top = E[near].max()
-  road = Y[_row(9.0):_row(6.0)].mean()
+  top = E[:, _row(25.0):].max((1, 2), keepdim=True)
+  road = Y[:, _row(9.0):_row(6.0)].mean((1, 2), keepdim=True)
   return (E - (top * 0.35).maximum(12.0)).relu() * (Y > road + 0.4 * top).float()
 
 def edge_weight(Y: Tensor) -> Tensor:
@@ -143,34 +142,37 @@ def evaluate(coef: Tensor, x: Tensor) -> Tensor:
   s = x / XS
   return coef[:, 0:1] + coef[:, 1:2] * s + coef[:, 2:3] * s * s
 
-def nearest_paint(w: Tensor, lim_u: Tensor, side: int) -> tuple[Tensor, Tensor]:
-  """Per row, the paint pixel nearest to lim_u on one side (-1 left, +1 right): (u, found). w (R, 512), lim_u (R,)."""
+def nearest_paint(w: Tensor, lim_u: Tensor) -> tuple[Tensor, Tensor]:
+  """Per line and row, the paint pixel nearest to lim_u (L, R), on the left for line 0 and on the right for line 1:
+  (u, found) (2, R). w (R, 512), or (2, R, 512) one per line."""
   u = grid()['u']
   # paint needs two adjacent pixels: single noise pixels do not seed a line
-  p = (w > 0) & ((w.pad((None, (1, 0)))[:, :-1] > 0) | (w.pad((None, (0, 1)))[:, 1:] > 0))
-  m = p & ((u < lim_u[:, None]) if side < 0 else (u > lim_u[:, None]))
-  key = (u + 1) if side < 0 else (MODEL_WIDTH - u)
-  k = (m.float() * key).max(-1)
-  return (k - 1) if side < 0 else (MODEL_WIDTH - k), k > 0
+  edge = (None,) * (w.ndim - 1)
+  p = (w > 0) & ((w.pad(edge + ((1, 0),))[..., :-1] > 0) | (w.pad(edge + ((0, 1),))[..., 1:] > 0))
+  kl = ((p if w.ndim == 2 else p[0]) & (u < lim_u[0][:, None])).float() * (u + 1)
+  kr = ((p if w.ndim == 2 else p[1]) & (u > lim_u[1][:, None])).float() * (MODEL_WIDTH - u)
+  k = Tensor.stack(kl, kr).max(-1)
+  return Tensor.stack(k[0] - 1, MODEL_WIDTH - k[1]), k > 0
 
-def seed(w: Tensor, xs: Tensor, ppm: Tensor, lim_y: Tensor, side: int, gap: float) -> tuple[Tensor, Tensor]:
-  """Linear fit (1, 3) of the line nearest to lim_y (per row) on one side, and the number of rows it rests on.
-  A row whose nearest paint lies more than `gap` beyond the nearest of all rows saw the next line through a dash
-  gap: left out."""
+def seed(w: Tensor, xs: Tensor, ppm: Tensor, lim_y: Tensor, gap: float) -> tuple[Tensor, Tensor]:
+  """Linear fits (2, 3) of the line nearest to lim_y (2, R) per row on the left (line 0) and on the right (line 1),
+  and the number of rows each rests on. A row whose nearest paint lies more than `gap` beyond the nearest of all
+  rows saw the next line through a dash gap: left out."""
+  side = grid()['lr']                                                  # (2, 1): -1 left, +1 right
   # search from half a line width beyond the limit (the paint of a line centred on the limit is on neither side)
-  u, found = nearest_paint(w, CX + (lim_y + side * 0.1) * ppm, side)
+  u, found = nearest_paint(w, CX + (lim_y + side * 0.1) * ppm)
   # the centroid of the paint just beyond that pixel: the nearest pixel of a ridge sits up to its width off centre
-  y = window_centroids(w, ((u - CX) / ppm + side * 0.2)[None], 0.25 + xs * 0, ppm)[0][0]
+  y = window_centroids(w, (u - CX) / ppm + side * 0.2, 0.25 + xs * 0, ppm)[0]
   d = (y - lim_y) * side                                             # how far beyond the limit
   found = found & (d > 0)                                            # paint centred on the other side: not this line
-  ok = found & (d < found.where(d, 1e3).min() + gap)
-  return fit(y[None], ok.float()[None], xs, quadratic=False), ok.float().sum()
+  ok = found & (d < found.where(d, 1e3).min(-1, keepdim=True) + gap)
+  return fit(y, ok.float(), xs, quadratic=False), ok.float().sum(-1)
 
 def window_centroids(w: Tensor, prior: Tensor, half_m: Tensor, ppm: Tensor) -> tuple[Tensor, Tensor]:
   """Per line and row, the paint centroid within +-half_m of the prior (L, R): (y (L, R), evidence (L, R))."""
   u = grid()['u']
   up = (CX + prior * ppm)[..., None]
-  W = w[None] * ((u - up).abs() < (half_m * ppm)[..., None]).float()
+  W = (w if w.ndim == 3 else w[None]) * ((u - up).abs() < (half_m * ppm)[..., None]).float()
   e = W.sum(-1)
   return ((W * u).sum(-1) / (e + 1e-6) - CX) / ppm, e
 
@@ -192,20 +194,18 @@ def detect_lines(w: Tensor, xs: Tensor, ppm: Tensor) -> tuple[Tensor, Tensor, Te
   # from a first look straight ahead), so that a line crossed at an angle (a lane change) counts on the side it
   # is at the ego (x = 0), as in the ground truth, not on the side it is at 6..25 m
   zero = xb * 0
-  first = Tensor.cat(seed(wb, xb, pb, zero, -1, 1.5)[0], seed(wb, xb, pb, zero, 1, 1.5)[0])
+  first = seed(wb, xb, pb, Tensor.stack(zero, zero), 1.5)[0]
   heading = first[:, 1].mean() * xb / XS
-  ego = Tensor.cat(seed(wb, xb, pb, heading, -1, 1.5)[0], seed(wb, xb, pb, heading, 1, 1.5)[0])
+  ego = seed(wb, xb, pb, Tensor.stack(heading, heading), 1.5)[0]
   ego = refine(w, ego, xs, ppm, 35.0, (0.5, 0.015))[0]
   ego = refine(w, ego, xs, ppm, 60.0, (0.4, 0.008))[0]
   # adjacent lines: seeded beyond the ego lines, shaped like them (lanes are parallel), shifted to the seed at 12 m;
   # with no paint in the near rows (out of view, dash gaps), one lane width further out
   x12 = Tensor.full((1,), 12.0)
   width = (evaluate(ego[1:2], x12) - evaluate(ego[0:1], x12))[0, 0].clip(2.5, 5.0)
-  def adjacent(side: int) -> Tensor:
-    e = ego[0:1] if side < 0 else ego[1:2]
-    s, n = seed(wb, xb, pb, evaluate(e, xb)[0] + side * 1.0, side, 1.5)
-    return e + (n > 3).where(evaluate(s, x12) - evaluate(e, x12), side * width).pad((None, (0, 2)))
-  adj_l, adj_r = adjacent(-1), adjacent(1)
+  s, n = seed(wb, xb, pb, evaluate(ego, xb) + grid()['lr'], 1.5)
+  off = (n[:, None] > 3).where(evaluate(s, x12) - evaluate(ego, x12), grid()['lr'] * width)
+  adj_l, adj_r = ego[0:1] + off[0:1].pad((None, (0, 2))), ego[1:2] + off[1:2].pad((None, (0, 2)))
   coef = Tensor.cat(adj_l, ego, adj_r)
   coef = refine(w, coef, xs, ppm, 100.0, (0.4, 0.005), parallel=True)[0]
   coef, y, q, _ = refine(w, coef, xs, ppm, 1e3, (0.3, 0.003), parallel=True)
@@ -214,22 +214,19 @@ def detect_lines(w: Tensor, xs: Tensor, ppm: Tensor) -> tuple[Tensor, Tensor, Te
 def detect_edges(w: Tensor, lines: Tensor, found: Tensor, xs: Tensor, ppm: Tensor) -> tuple[Tensor, Tensor, Tensor]:
   """Fits (2, 3) of the left and right road edge: the outermost line found, shifted by the mean offset of the
   border pixels around it (a road's borders run parallel to its lines, and one offset extrapolates far better
-  than a curve fitted to the few far rows where a border enters the picture). Seeded in the rows 6..40 m."""
+  than a curve fitted to the few far rows where a border enters the picture). Seeded in the rows 6..60 m."""
   b = slice(_row(60.0), _row(6.0))                                    # a border lanes away enters the picture far out
   xb, pb = xs[b], ppm[b]
   outer = Tensor.stack(found[0].where(lines[0], lines[1]), found[3].where(lines[3], lines[2]))
   ob = evaluate(outer, xb)
-  wl, wr = w.relu(), (-w).relu()
-  (sl, nl), (sr, nr) = seed(wl[b], xb, pb, ob[0], -1, 1.0), seed(wr[b], xb, pb, ob[1], 1, 1.0)
+  wlr = Tensor.stack(w.relu(), (-w).relu())                           # left borders, right borders
+  sd, n = seed(wlr[:, b], xb, pb, ob, 1.0)
   # the prior: the outer line shifted onto the seed at 30 m, or by the shoulder when no border was seen
   x30 = Tensor.full((1,), 30.0)
-  off = Tensor.stack((nl > 3).where((evaluate(sl, x30) - evaluate(outer[0:1], x30))[0, 0], -SHOULDER),
-                     (nr > 3).where((evaluate(sr, x30) - evaluate(outer[1:2], x30))[0, 0], SHOULDER))
-  coef = outer + off[:, None].pad((None, (0, 2)))
+  off = (n[:, None] > 3).where(evaluate(sd, x30) - evaluate(outer, x30), grid()['lr'] * SHOULDER)
+  coef = outer + off.pad((None, (0, 2)))
   for half in ((0.5, 0.01), (0.3, 0.003)):
-    prior, hw = evaluate(coef, xs), half[0] + half[1] * xs
-    (yl, el), (yr, er) = window_centroids(wl, prior[0:1], hw, ppm), window_centroids(wr, prior[1:2], hw, ppm)
-    y, e = yl.cat(yr), el.cat(er)
+    y, e = window_centroids(wlr, evaluate(coef, xs), half[0] + half[1] * xs, ppm)
     q = (e > EVIDENCE_MIN).float()
     d = (q * (y - evaluate(outer, xs))).sum(-1) / (q.sum(-1) + 1e-3)
     coef = outer + d[:, None].pad((None, (0, 2)))
@@ -317,8 +314,8 @@ def vision_fn(C: dict[str, Tensor]):
   def fn(img: Tensor, big_img: Tensor) -> Tensor:
     xs, ppm = grid()['xs'], grid()['ppm']
     Yn_full, Yo_full = y_plane(img, 1), y_plane(img, 0)
-    Yn, Yo = sample(Yn_full), sample(Yo_full)
-    wn, wo = paint_weight(Yn), paint_weight(Yo)
+    Yn = sample(Yn_full)
+    wo, wn = paint_weight(Tensor.stack(sample(Yo_full), Yn))
     coef, y, q = detect_lines(wn, xs, ppm)
     mean, std, logit = line_stats(coef, y, q, xs, C['X'])
     # ego speed from the dash pattern along the ego lines in both frames
