@@ -2,8 +2,8 @@
 """Daemon benchmark: modeld and dmonitoringd as real processes on 20 Hz camera streams.
 
 This process is the camera (VisionIPC road, wide road and driver streams, with their camera-state messages) and the
-subscriber (modelV2, driverStateV2). Each daemon first runs alone (--ratio-seconds): per-frame latency from the send()
-of the last camera frame it needs to its message's arrival here, p50/p99. Then both run together (--seconds): the
+subscriber (modelV2, driverStateV2). Each daemon first runs alone (--ratio-seconds): per-frame latency from the publish
+of the last camera frame it needs (the buffer filled, its index sent) to its message's arrival here, p50/p99. Then both run together (--seconds): the
 same latencies, frameDropPerc at 20 Hz, each daemon's CPU and its RSS sampled every second (it must not grow). Last,
 with the daemons gone, this process replays the same artifacts bare at 20 Hz (RoadRunner/DMRunner.run: guard checks,
 warps, models, copy-out): a daemon's latency p50 alone over its bare replay p50 is its overhead ratio (target <= 1.10),
@@ -36,7 +36,7 @@ SETTLE_S = 3
 
 def run_daemons(cam, art, names: list[str], seconds: float) -> dict:
   """Start the daemons, wait for READY, serve 20 Hz frames for SETTLE_S + seconds, stop them. Per daemon: latency from
-  the send() of the last camera it needs to its message's arrival here, CPU share and RSS every second."""
+  the publish of the last camera frame it needs to its message's arrival here, CPU share and RSS every second."""
   from daemon_harness import Notify
   from cereal import messaging
   procs = {}
@@ -71,9 +71,9 @@ def run_daemons(cam, art, names: list[str], seconds: float) -> dict:
   t0, cpu0 = time.monotonic_ns(), {}
   for i in range(1, n_frames + 1):
     while (now := time.monotonic_ns()) < t0 + i * FRAME_NS: time.sleep(min(0.005, (t0 + i * FRAME_NS - now) / 1e9))
-    for s in cam.layouts:
-      sent[s][i] = time.monotonic_ns()
-      cam.send(i, streams=(s,))
+    published = {}
+    cam.send(i, published=published)
+    for s, t in published.items(): sent[s][i] = t
     if i == settle: cpu0 = {n: (proc_stats(p.pid)[0], time.monotonic()) for n, p in procs.items()}
     if i % 20 == 0:
       for n, p in procs.items(): rss[n].append(proc_stats(p.pid)[1])
@@ -91,7 +91,7 @@ def run_daemons(cam, art, names: list[str], seconds: float) -> dict:
     r, k = rss[n], max(1, len(rss[n]) // 5)
     out[n] = {'p50': float(np.percentile(lat, 50)) if len(lat) else float('nan'), 'cpu': cpu[n], 'k': k,
               'rss_first': float(np.mean(r[:k])), 'rss_last': float(np.mean(r[-k:])), 'rss_max': max(r),
-              'line': (f"{svc} for {len(lat)}/{n_frames - settle} frames; latency send->arrival p50 {ms(np.percentile(lat, 50))}, "
+              'line': (f"{svc} for {len(lat)}/{n_frames - settle} frames; latency publish->arrival p50 {ms(np.percentile(lat, 50))}, "
                        f"p99 {ms(np.percentile(lat, 99))}, max {ms(lat.max())}") if len(lat) else f"no {svc} received"}
   return out
 

@@ -106,9 +106,10 @@ class Camera:
     rng = np.random.default_rng(0)
     self.images = {s: rng.integers(0, 256, l.size, dtype=np.uint8) for s, l in streams.items()}
 
-  def send(self, frame_id: int, streams=None) -> int:
+  def send(self, frame_id: int, streams=None, published: dict | None = None) -> int:
     """Frame `frame_id` (timestampSof = frame_id * 50 ms) on the given streams (default all): the camera-state message,
-    then the buffer, as openpilot's daemon test does. Returns timestampEof."""
+    then the buffer, as openpilot's daemon test does. Returns timestampEof. published: gets {stream: monotonic ns} of
+    each frame's publish (the buffer already filled: what a camera's send costs beyond is its own copy)."""
     sof = frame_id * FRAME_NS
     eof = sof + FRAME_NS
     for s in (self.layouts if streams is None else streams):
@@ -117,7 +118,10 @@ class Camera:
       cs.frameId, cs.timestampSof, cs.timestampEof, cs.sensor = frame_id, sof, eof, self.sensor
       cs.width, cs.height = self.layouts[s].width, self.layouts[s].height
       self.pm.send(svc, msg)
-      self.server.send(s, self.images[s], frame_id, sof, eof)
+      buf = self.server.get_free_buffer(s)
+      np.copyto(buf.array, self.images[s])
+      if published is not None: published[s] = time.monotonic_ns()
+      self.server.publish(s, buf, frame_id, sof, eof)
     return eof
 
   def close(self) -> None:
