@@ -359,7 +359,7 @@ def vision_fn(C: dict[str, Tensor]):
     t = C['lead_t']
     traj = Tensor.stack((lx + v_rel * t).relu(), ly + t * 0, lead_v + t * 0, t * 0, dim=-1)           # (6, 4) x, y, v, a
     traj_std = Tensor.stack(x_std + v_rel_std * t, 0.3 + 0.1 * t + found.where(0.0, 3.0), lead_v_std + 0.5 * t, 1.0 + 0.2 * t, dim=-1)
-    lead_out = Tensor.cat(traj.flatten(), traj_std.log().flatten(), C['lead_w'][0], traj.flatten(), (traj_std * 2).log().flatten(), C['lead_w'][1])
+    lead_out = Tensor.cat(traj.flatten(), traj_std.maximum(1e-3).log().flatten(), C['lead_w'][0], traj.flatten(), (traj_std * 2).log().flatten(), C['lead_w'][1])
     lead_prob = lead_logit.reshape(1).expand(LEAD_MHP_SELECTION)
 
     # pose: forward speed from the dashes; the rest (and the other transforms) are unknown to this model
@@ -393,7 +393,7 @@ def policy_fn(C: dict[str, Tensor]):
     speed_std = (wgt.sum() > 0.5).where(1.0, 10.0)
     fit0 = HIDDEN['centre_fit'].start
     a, b, c = new[fit0], new[fit0 + 1] / XS, new[fit0 + 2] / (XS * XS)   # centre y = a + b*x + c*x^2
-    lines = new[HIDDEN['lines_found']]
+    lines = new[HIDDEN['lines_found']].clip(0, 1)   # a fraction; any features_buffer must give finite stds
     t = C['T']
     x = speed * t
     decay = (t * (-1 / PLAN_TAU)).exp()
@@ -414,7 +414,7 @@ def policy_fn(C: dict[str, Tensor]):
     lc = (1 - decay) * width
     hyps = [mean, mean + C['plan_y'] * lc[:, None] * -1, mean + C['plan_y'] * lc[:, None], mean * C['plan_slower'], mean * C['plan_faster']]
     logits = [3.0, -2.0, -2.0, -1.0, -1.0]
-    plan = Tensor.cat(*[Tensor.cat(h.flatten(), std.log().flatten(), (std[0, :1] * 0 + w)) for h, w in zip(hyps, logits)])
+    plan = Tensor.cat(*[Tensor.cat(h.flatten(), std.maximum(1e-3).log().flatten(), (std[0, :1] * 0 + w)) for h, w in zip(hyps, logits)])
     # desire state: drift across the lane over the last 0.4 s (wrapped where the ego lane switches), plus pulses
     d = f[-1, fit0] - f[-3, fit0]
     d = (d > width / 2).where(d - width, (d < -width / 2).where(d + width, d))
