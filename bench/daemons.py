@@ -133,7 +133,7 @@ def main() -> int:
   from modelrt.artifact import load_artifact
   from modelrt.runner import RoadRunner, DMRunner, aligned_empty
   from modelrt.geometry import road_warp_matrix, dm_warp_matrix
-  from modeld.calibration import camera_for
+  from modelrt.calibration import camera_for
   class Buf:
     def __init__(self, idx, stream):
       self.data = aligned_empty(layout.size)

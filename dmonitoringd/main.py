@@ -9,71 +9,37 @@ device clock); modelExecutionTime adds parsing. A bad calibration, a torn frame 
 """
 from __future__ import annotations
 import logging, sys, time
-from typing import NoReturn
 import numpy as np
-from common.service import Stats, StopFlag, Watchdog, exit_now, notify, set_process_title, setup_logging
-from modeld.main import EX_CONFIG, RECV_TIMEOUT_MS, finite_outputs, parse_args
+from common.daemon import RECV_TIMEOUT_MS, ModelDaemon, finite_outputs, main as daemon_main
 
 log = logging.getLogger('dmonitoringd')
-PUBLISHES = ['driverStateV2', 'driverMonitoringState']
-SUBSCRIBES = ['liveCalibration', 'carState', 'driverCameraState']
 
-class DMonitoringD:
-  def __init__(self, args, stop: StopFlag):
-    from cereal import messaging
-    from modeld.calibration import Calibration
+class DMonitoringD(ModelDaemon):
+  name, family = 'dmonitoringd', 'dm'
+  PUBLISHES = ['driverStateV2', 'driverMonitoringState']
+  SUBSCRIBES = ['liveCalibration', 'carState', 'driverCameraState']
+
+  def __init__(self, args, stop):
+    super().__init__(args, stop)
     from dmonitoringd.policy import DriverMonitoring
-    self.args, self.stop, self.watchdog = args, stop, Watchdog()
-    self.stats = Stats(log, args.stats_interval)
-    self.pm, self.sm = messaging.PubMaster(PUBLISHES), messaging.SubMaster(SUBSCRIBES)
-    self.calib, self.policy, self.state = Calibration(), DriverMonitoring(), None
-    self.artifact, self.runners, self.ready = None, {}, False
+    self.policy, self.state = DriverMonitoring(), None
 
-  def tick(self) -> None:
-    self.watchdog.kick()
-    self.stats.tick()
-
-  def run(self) -> int:
+  def clients(self, streams: set[int]) -> list | None:
     from msgq.visionipc import VisionIpcClient, DRIVER
-    from modelrt.artifact import load_artifact
-    from modelrt.runner import DMRunner
-    from common.camera import StreamWatch, wait_for_streams, connect
-    try:
-      while not self.stop:
-        if (streams := wait_for_streams(self.args.camera_server, self.stop, self.tick)) is None: break
-        if DRIVER not in streams:
-          log.error("camera server %r serves streams %s, not the driver camera (%d); waiting", self.args.camera_server, sorted(streams), DRIVER)
-          time.sleep(1)
-          continue
-        client = VisionIpcClient(self.args.camera_server, DRIVER, True)
-        try:
-          if not connect([client], self.stop, self.tick): continue
-          log.info("connected to %r: driver stream %d (%s)", self.args.camera_server, DRIVER, client.layout)
-          if self.artifact is None:
-            t = time.perf_counter()
-            self.artifact = load_artifact(self.args.artifacts, 'dm')
-            log.info("loaded %s in %.2f s (layouts: %s)", self.artifact.dir, time.perf_counter() - t, ', '.join(self.artifact.layouts))
-          if (runner := self.runners.get(key := str(client.layout))) is None:
-            runner = self.runners[key] = DMRunner(self.artifact, client.layout)
-            runner.warmup()
-          if not self.ready:
-            notify('READY=1', f'STATUS=running on {self.args.camera_server} stream {DRIVER}')
-            self.ready = True
-            log.info("ready")
-          self.serve(runner, StreamWatch(self.args.camera_server, streams), client)
-        finally:
-          for r in self.runners.values(): r.release_camera_tensors()   # tensors over the buffers go before the mappings
-          client.close()
-    finally:
-      self.pm.close()
-      self.sm.close()
-    log.info("stopped; totals: %s", self.stats.totals_line())
-    return 0
+    if DRIVER not in streams:
+      log.error("camera server %r serves streams %s, not the driver camera (%d); waiting", self.args.camera_server, sorted(streams), DRIVER)
+      return None
+    return [VisionIpcClient(self.args.camera_server, DRIVER, True)]   # conflated: always the newest frame
 
-  def serve(self, runner, watch, client) -> None:
+  def make_runner(self, layouts: tuple):
+    from modelrt.runner import DMRunner
+    return DMRunner(self.artifact, layouts[0])
+
+  def serve(self, runner, watch, clients: list) -> None:
+    client = clients[0]
     from modelrt.geometry import dm_warp_matrix
     from modelrt.guard import InputSpecError
-    from modeld.calibration import sensor_name, camera_for
+    from modelrt.calibration import sensor_name, camera_for
     from dmonitoringd.parse import parse_dm_outputs
     from dmonitoringd.fill_msgs import fill_driver_state, fill_monitoring_state
     geometry, transform = None, None
@@ -118,16 +84,7 @@ class DMonitoringD:
       for k, bad in (('torn', torn), ('nonfinite', not finite), ('invalid', not valid)):
         if bad: self.stats.count(k)
 
-def main(argv: list[str] | None = None) -> NoReturn:
-  args = parse_args(argv, 'dmonitoringd', __doc__)
-  setup_logging(args.log_level)
-  set_process_title('dmonitoringd')
-  stop = StopFlag()
-  from modelrt.artifact import ArtifactError
-  try: rc = DMonitoringD(args, stop).run()
-  except ArtifactError as e:
-    log.error("ArtifactError: %s", e)
-    rc = EX_CONFIG
-  exit_now(rc)   # sockets closed and mappings released by now
+def main(argv: list[str] | None = None) -> None:
+  daemon_main(DMonitoringD, argv, __doc__)
 
 if __name__ == '__main__': sys.exit(main())

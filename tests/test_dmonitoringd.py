@@ -10,7 +10,7 @@ from artifacts import CACHE, LAYOUT, ALT_LAYOUT, UNSERVED_LAYOUT, build
 from daemon_harness import Camera, Collector, Daemon, Notify
 from modelrt.constants import DM_OUTPUT_SIZES
 from dmonitoringd.policy import DriverMonitoring, DistractedType, Settings, DT_DMON
-from modeld.main import EX_CONFIG
+from common.daemon import EX_CONFIG
 
 OUTPUTS = ['driverStateV2', 'driverMonitoringState']
 
@@ -163,7 +163,7 @@ def test_daemon_bad_input_and_restart(artifacts):
     for s in OUTPUTS: col.wait(s, count + 1)
     ds, _ = _run(cam, col, n + 1)
     assert ds.driverStateV2.frameId == n + 1
-    d.wait_line(rf'driver stream 1 \({ALT_LAYOUT}\)')
+    d.wait_line(rf'connected to .*: stream 1 \({ALT_LAYOUT}\)')
   finally:
     rc, _ = d.stop()
     cam.close(); col.close(); notify.close(); pm.close(); garbage.close()

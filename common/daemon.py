@@ -1,0 +1,125 @@
+"""What both model daemons share: the command line, the start-up order and the camera-restart handling.
+
+A daemon (ModelDaemon subclass) says which camera clients it wants for the streams the server offers, how to build a
+runner for their buffer layouts, and how to serve frames; this module does the rest, in openpilot's order: wait for
+the camera server's streams, connect, then load the artifact (the warp depends on the camera), one warm-up replay,
+READY=1. When the camera server restarts, the tensors over its buffers are dropped before the client unmaps them.
+"""
+from __future__ import annotations
+import argparse, logging, os, time
+from typing import NoReturn
+import numpy as np
+from common.service import Stats, StopFlag, Watchdog, exit_now, notify, set_process_title, setup_logging
+
+EX_CONFIG = 78   # sysexits: the configuration (artifact vs camera) is wrong; restarting will not help
+RECV_TIMEOUT_MS = 100   # the loop checks the stop flag and kicks the watchdog at least this often
+
+def parse_args(argv: list[str] | None, prog: str, doc: str | None) -> argparse.Namespace:
+  """The options both daemons share."""
+  ap = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter, epilog="""
+environment: NOTIFY_SOCKET, WATCHDOG_USEC (service-manager protocol: READY=1 after load + warm-up + camera connect,
+WATCHDOG=1 from the frame loop, STATUS=<stats>); OPENPILOT_PREFIX (message prefix, as --prefix); DEV (tinygrad device,
+as --device); JOURNAL_STREAM (set by systemd: log lines carry syslog priorities). SIGTERM/SIGINT: finish the frame, exit 0.
+exit codes: 0 stopped by a signal; 78 the artifact cannot serve this machine or camera (the message says how to build it).""")
+  ap.add_argument('--artifacts', required=True, metavar='DIR', help="artifact directory built by modeld-compile (its "
+                  f"{'road' if prog == 'modeld' else 'dm'}/ subdirectory is used)")
+  ap.add_argument('--device', help="tinygrad device the artifact was built for (default: $DEV, else tinygrad's default); e.g. CPU")
+  ap.add_argument('--camera-server', default='camerad', metavar='NAME', help="VisionIPC server name of the camera process (default: camerad)")
+  ap.add_argument('--prefix', help="message prefix (OPENPILOT_PREFIX): isolates this stack's topics and camera buffers from others")
+  ap.add_argument('--sensor', choices=['ar0231', 'ox03c10', 'os04c10'],
+                  help="camera sensor for the intrinsics, overriding the camera-state message's (default: the message's, else ar0231)")
+  ap.add_argument('--raw-predictions', action='store_true', default=os.environ.get('SEND_RAW_PRED') == '1',
+                  help="also send the flat model outputs as rawPredictions (default: off, or on with SEND_RAW_PRED=1)")
+  ap.add_argument('--stats-interval', type=float, default=10., metavar='S', help="seconds between stats log lines and STATUS= updates (default 10)")
+  ap.add_argument('--log-level', default='INFO', choices=['DEBUG', 'INFO', 'WARNING', 'ERROR'],
+                  help="stderr log level (default INFO; DEBUG adds a line per dropped or bad frame)")
+  args = ap.parse_args(argv)
+  # before anything imports tinygrad or opens a socket: both read these once
+  if args.prefix is not None: os.environ['OPENPILOT_PREFIX'] = args.prefix
+  if args.device: os.environ['DEV'] = args.device
+  return args
+
+def finite_outputs(out: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], bool]:
+  """Outputs with every non-finite value zeroed, and whether they were all finite: NaN never reaches a message."""
+  out = {k: v.reshape(1, -1) for k, v in out.items()}   # the parsers take (batch, n)
+  if all(np.isfinite(v).all() for v in out.values()): return out, True
+  return {k: np.nan_to_num(v, nan=0., posinf=0., neginf=0.) for k, v in out.items()}, False
+
+class ModelDaemon:
+  name: str                 # process and logger name
+  family: str               # artifact family: 'road' | 'dm'
+  PUBLISHES: list[str]
+  SUBSCRIBES: list[str]
+
+  def __init__(self, args: argparse.Namespace, stop: StopFlag):
+    from cereal import messaging
+    from modelrt.calibration import Calibration
+    self.args, self.stop, self.watchdog = args, stop, Watchdog()
+    self.log = logging.getLogger(self.name)
+    self.stats = Stats(self.log, args.stats_interval)
+    self.pm, self.sm = messaging.PubMaster(self.PUBLISHES), messaging.SubMaster(self.SUBSCRIBES)
+    self.calib = Calibration()
+    self.artifact, self.runners, self.ready = None, {}, False
+
+  def tick(self) -> None:
+    self.watchdog.kick()
+    self.stats.tick()
+
+  def clients(self, streams: set[int]) -> list | None:
+    """The VisionIpcClients to connect for these streams, or None (logged) if the server lacks what is needed."""
+    raise NotImplementedError
+
+  def make_runner(self, layouts: tuple):
+    """A runner (modelrt.runner) for the connected clients' buffer layouts."""
+    raise NotImplementedError
+
+  def serve(self, runner, watch, clients: list) -> None:
+    """Frames until the stop flag or a camera server restart."""
+    raise NotImplementedError
+
+  def run(self) -> int:
+    from modelrt.artifact import load_artifact
+    from common.camera import StreamWatch, wait_for_streams, connect
+    server = self.args.camera_server
+    try:
+      while not self.stop:
+        if (streams := wait_for_streams(server, self.stop, self.tick)) is None: break
+        if (clients := self.clients(streams)) is None:
+          time.sleep(1)
+          continue
+        try:
+          if not connect(clients, self.stop, self.tick): continue
+          layouts = tuple(c.layout for c in clients)
+          self.log.info("connected to %r: %s", server, ', '.join(f"stream {c.stream} ({c.layout})" for c in clients))
+          if self.artifact is None:   # after connecting, as openpilot: the warp depends on the camera
+            t = time.perf_counter()
+            self.artifact = load_artifact(self.args.artifacts, self.family)
+            self.log.info("loaded %s in %.2f s (layouts: %s)", self.artifact.dir, time.perf_counter() - t, ', '.join(self.artifact.layouts))
+          if (runner := self.runners.get(key := tuple(str(l) for l in layouts))) is None:
+            runner = self.runners[key] = self.make_runner(layouts)
+            runner.warmup()
+          if not self.ready:
+            notify('READY=1', f'STATUS=running on {server} streams {[c.stream for c in clients]}')
+            self.ready = True
+            self.log.info("ready")
+          self.serve(runner, StreamWatch(server, streams), clients)
+        finally:
+          for r in self.runners.values(): r.release_camera_tensors()   # tensors over the buffers go before the mappings
+          for c in clients: c.close()
+    finally:
+      self.pm.close()
+      self.sm.close()
+    self.log.info("stopped; totals: %s", self.stats.totals_line())
+    return 0
+
+def main(cls: type[ModelDaemon], argv: list[str] | None, doc: str | None) -> NoReturn:
+  args = parse_args(argv, cls.name, doc)
+  setup_logging(args.log_level)
+  set_process_title(cls.name)
+  stop = StopFlag()
+  from modelrt.artifact import ArtifactError
+  try: rc = cls(args, stop).run()
+  except ArtifactError as e:
+    logging.getLogger(cls.name).error("ArtifactError: %s", e)
+    rc = EX_CONFIG
+  exit_now(rc)   # sockets closed and mappings released by now
