@@ -132,9 +132,9 @@ class Lockstep:
   def wait_for_clients(self, server: VisionIpcServer, streams) -> None:
     """Before the first frame: a frame sent before a daemon's client subscribed would never be answered."""
     deadline = time.monotonic() + self.timeout
-    while not self.stop and not all(_has_reader(server, s) for s in streams):
+    while not self.stop and not all(server.has_readers(s) for s in streams):
       if time.monotonic() > deadline:
-        missing = [CAMERA_OF[s] for s in streams if not _has_reader(server, s)]
+        missing = [CAMERA_OF[s] for s in streams if not server.has_readers(s)]
         raise LockstepTimeout(f"--lockstep: no VisionIPC client for {', '.join(missing)} within {self.timeout:g} s: is the daemon running?")
       self.idle()
       time.sleep(0.01)
@@ -158,9 +158,6 @@ class Lockstep:
 
   def close(self) -> None:
     for s in self.socks.values(): s.close()
-
-def _has_reader(server: VisionIpcServer, stream: int) -> bool:
-  return server._streams[stream].pub.all_readers_updated()
 
 def camera_state(svc: str, frame_id: int, sof: int, eof: int, sensor: str, w: int, h: int, recorded=None):
   msg = messaging.new_message(svc)

@@ -29,20 +29,22 @@ def connect(clients: list, stop, tick: Callable[[], None], timeout: float = 10.)
   return True
 
 class StreamWatch:
-  """Notices a camera server that went away or came back with another set of streams while no frame arrives (a
-  client only sees a restart in a frame of the new server, and a stream the new server lacks brings none)."""
+  """Notices a camera server that went away, restarted, or came back with another set of streams while no frame
+  arrives (a client only sees a restart in a frame of the new server, and an idle client gets none: a lockstep camera
+  source waits for the daemon's clients before its first frame)."""
   CHECK_S = 1.
 
-  def __init__(self, server: str, streams: set[int]):
-    self.server, self.streams, self.last = server, streams, time.monotonic()
+  def __init__(self, server: str, streams: set[int], server_id: int | None):
+    self.server, self.seen, self.last = server, (server_id, streams), time.monotonic()
 
   def frame(self) -> None: self.last = time.monotonic()
 
   def changed(self) -> bool:
-    """Call when a receive timed out: True (reconnect) if frames stopped over CHECK_S ago and the streams differ now."""
+    """Call when a receive timed out: True (reconnect) if frames stopped over CHECK_S ago and the server differs now."""
     from msgq.visionipc import VisionIpcClient
     if time.monotonic() - self.last < self.CHECK_S: return False
     self.last = time.monotonic()
-    if (now := VisionIpcClient.available_streams(self.server, False)) == self.streams: return False
-    log.warning("camera server %r now serves streams %s (was %s)", self.server, sorted(now), sorted(self.streams))
+    if (now := VisionIpcClient.server_info(self.server) or (None, set())) == self.seen: return False
+    log.warning("camera server %r now serves streams %s (was %s)%s", self.server, sorted(now[1]), sorted(self.seen[1]),
+                ", restarted" if now[0] not in (None, self.seen[0]) else "")
     return True

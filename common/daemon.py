@@ -102,7 +102,7 @@ class ModelDaemon:
             notify('READY=1', f'STATUS=running on {server} streams {[c.stream for c in clients]}')
             self.ready = True
             self.log.info("ready")
-          self.serve(runner, StreamWatch(server, streams), clients)
+          self.serve(runner, StreamWatch(server, streams, clients[0].server_id), clients)
         finally:
           for r in self.runners.values(): r.release_camera_tensors()   # tensors over the buffers go before the mappings
           for c in clients: c.close()

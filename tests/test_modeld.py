@@ -358,3 +358,26 @@ def test_daemon_refuses_a_layout_the_artifact_does_not_serve(artifacts):
   assert f'no warp compiled for camera layout {UNSERVED_LAYOUT}' in err and f'--camera {UNSERVED_LAYOUT}' in err and 'modeld-compile' in err
   with pytest.raises(TimeoutError): notify.wait('READY=1', 0.1)   # never claimed to be ready
   notify.close()
+
+def test_daemon_reconnects_to_a_restarted_server_that_waits_for_it(artifacts):
+  """A lockstep camera source that restarts within a second sends nothing until the daemon's clients are back. The
+  daemon, idle, sees the new server id and reconnects every stream (an idle extra client would otherwise never
+  subscribe again: the source would wait for it forever)."""
+  cam = Camera({ROAD: LAYOUT, WIDE_ROAD: LAYOUT})
+  d, notify = _start(artifacts)
+  col = Collector(OUTPUTS)
+  try:
+    for n in range(1, 4): _run(cam, col, n)
+    cam.close()
+    cam = Camera({ROAD: LAYOUT, WIDE_ROAD: LAYOUT})
+    deadline = time.monotonic() + 6
+    while not all(cam.server.has_readers(s) for s in (ROAD, WIDE_ROAD)):
+      assert time.monotonic() < deadline, f"the daemon never came back to every stream; stderr:\n{d.stderr()}"
+      time.sleep(0.02)
+    d.wait_line(r'camera server .* restarted')
+    _, (mv2, _, odo) = _run(cam, col, 1)
+    assert (mv2.modelV2.frameId, mv2.modelV2.frameIdExtra, odo.cameraOdometry.frameId) == (1, 1, 1)
+  finally:
+    rc, _ = d.stop()
+    cam.close(); col.close(); notify.close()
+  assert rc == 0

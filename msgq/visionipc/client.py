@@ -105,8 +105,15 @@ class VisionIpcClient:
   @staticmethod
   def available_streams(name: str, block: bool) -> set[int]:
     """Streams the server `name` serves; empty if it is not up and not block, else waits for it."""
-    while True:
-      try: return set(request(name, OP_STREAMS)[0].get("streams", []))
-      except (OSError, IpcError):
-        if not block: return set()
-        time.sleep(0.02)
+    while (info := VisionIpcClient.server_info(name)) is None:
+      if not block: return set()
+      time.sleep(0.02)
+    return info[1]
+
+  @staticmethod
+  def server_info(name: str) -> tuple[int, set[int]] | None:
+    """(server_id, streams) of the running server `name`, None if it is not up. The id changes when the server
+    restarts: a client idle on a stream sees a restart only here (it notices in recv only once a frame comes)."""
+    try: reply = request(name, OP_STREAMS)[0]
+    except (OSError, IpcError): return None
+    return reply.get("server_id"), set(reply.get("streams", []))

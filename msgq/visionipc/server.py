@@ -116,6 +116,10 @@ class VisionIpcServer:
     np.copyto(buf.array, src.reshape(-1))
     self.publish(stream, buf, frame_id, timestamp_sof, timestamp_eof)
 
+  def has_readers(self, stream: int) -> bool:
+    """A client is subscribed to the stream's frame packets (a lockstep source waits for this before its first frame)."""
+    return self._streams[stream].pub.all_readers_updated()
+
   def close(self) -> None:
     if self._closed: return
     self._closed = True
