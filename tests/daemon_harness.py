@@ -95,6 +95,16 @@ class Daemon:
     print(f"--- {' '.join(self.cmd[:3])}... exited {rc} after SIGTERM in {dt:.2f} s; stderr:\n{self.stderr()}")   # shown when a test fails
     return rc, dt
 
+def start_daemon(name: str, artifacts, *args, abstract: bool = False, **kw) -> tuple[Daemon, Notify]:
+  """A daemon with 1 s stats, started and READY (its stderr in the error if it never gets there)."""
+  notify = Notify(abstract=abstract)
+  d = Daemon(name, artifacts, '--stats-interval', '1', *args, notify=notify, **kw)
+  try: notify.wait('READY=1', 90)
+  except TimeoutError:
+    d.stop()
+    raise AssertionError(f"{name} not ready; stderr:\n{d.stderr()}")
+  return d, notify
+
 class Camera:
   """A camera process in the test: VisionIPC buffers for the given streams plus their camera-state messages."""
   def __init__(self, streams: dict[int, NV12Layout], name: str = 'camerad', buffers: int = 8, sensor: str = 'ar0231'):

@@ -7,7 +7,7 @@ from cereal import messaging
 from msgq import pub_sock
 from msgq.visionipc import DRIVER
 from artifacts import CACHE, LAYOUT, ALT_LAYOUT, UNSERVED_LAYOUT, build
-from daemon_harness import Camera, Collector, Daemon, Notify
+from daemon_harness import Camera, Collector, Daemon, start_daemon
 from modelrt.constants import DM_OUTPUT_SIZES
 from dmonitoringd.policy import DriverMonitoring, DistractedType, Settings, DT_DMON
 from common.daemon import EX_CONFIG
@@ -80,14 +80,7 @@ def test_pose_offsets_learned_while_driving():
 
 # ***** the daemon *****
 
-def _start(artifacts, *args, **kw):
-  notify = Notify(abstract=True)
-  d = Daemon('dmonitoringd', artifacts, '--stats-interval', '1', *args, notify=notify, **kw)
-  try: notify.wait('READY=1', 90)
-  except TimeoutError:
-    d.stop()
-    raise AssertionError(f"dmonitoringd not ready; stderr:\n{d.stderr()}")
-  return d, notify
+def _start(artifacts, *args, **kw): return start_daemon('dmonitoringd', artifacts, *args, abstract=True, **kw)
 
 def _run(cam, col, n):
   cam.send(n)

@@ -7,7 +7,7 @@ from cereal import messaging
 from msgq import pub_sock
 from msgq.visionipc import ROAD, WIDE_ROAD
 from artifacts import CACHE, LAYOUT, ALT_LAYOUT, UNSERVED_LAYOUT, build
-from daemon_harness import Camera, Collector, Daemon, Notify
+from daemon_harness import Camera, Collector, Daemon, Notify, start_daemon
 from modelrt.constants import VISION_OUTPUT_SIZES, POLICY_OUTPUT_SIZES, T_IDXS
 from modeld.sync import FrameSync, FrameDrops
 from modeld.desire import DesireHelper, Desire
@@ -155,14 +155,7 @@ def test_plan_time_at_distance():
 
 # ***** the daemon *****
 
-def _start(artifacts, *args, **kw) -> tuple[Daemon, Notify]:
-  notify = Notify()
-  d = Daemon('modeld', artifacts, '--stats-interval', '1', *args, notify=notify, **kw)
-  try: notify.wait('READY=1', 90)
-  except TimeoutError:
-    d.stop()
-    raise AssertionError(f"modeld not ready; stderr:\n{d.stderr()}")
-  return d, notify
+def _start(artifacts, *args, **kw): return start_daemon('modeld', artifacts, *args, **kw)
 
 def _run(cam: Camera, col: Collector, n: int, **kw):
   eof = cam.send(n, **kw)
