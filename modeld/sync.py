@@ -22,9 +22,10 @@ class FrameSync:
   def __init__(self, recv_main: Callable[[], Frame | None], recv_extra: Callable[[], Frame | None] | None):
     self.recv_main, self.recv_extra = recv_main, recv_extra
     self.main_sof = self.extra_sof = 0
+    self.pending: Frame | None = None   # a main frame whose extra frame has not come yet
 
   def next(self) -> tuple[Frame, Frame, bool] | None:
-    main = None
+    main, self.pending = self.pending, None
     while main is None or self.main_sof < self.extra_sof + SYNC_AHEAD_NS:
       if (main := self.recv_main()) is None: return None
       self.main_sof = main.timestamp_sof
@@ -32,7 +33,11 @@ class FrameSync:
       self.extra_sof = main.timestamp_sof
       return main, main, False
     while True:
-      if (extra := self.recv_extra()) is None: return None
+      if (extra := self.recv_extra()) is None:
+        # keep the main frame: a camera that sends the next frame only once this one is answered (lockstep) would
+        # otherwise wait for us forever; a newer main frame replaces it at the next call anyway if one comes
+        self.pending = main
+        return None
       self.extra_sof = extra.timestamp_sof
       if self.main_sof < self.extra_sof + SYNC_AHEAD_NS: break
     return main, extra, abs(self.main_sof - self.extra_sof) > OUT_OF_SYNC_NS

@@ -46,6 +46,15 @@ def test_sync_takes_main_ahead_then_extra_within_25ms():
   one = FrameSync(_recv([F(4, 50)]), None).next()
   assert one[0] is one[1] and not one[2]   # one camera: extra is main
 
+def test_sync_keeps_the_main_frame_while_its_extra_frame_is_late():
+  """An extra frame later than the receive timeout: the main frame waits for it (a lockstep camera sends the next frame
+  only once this one is answered, so dropping it would stall both sides)."""
+  extra = [None, F(5, 250)]
+  sync = FrameSync(_recv([F(5, 250)]), lambda: extra.pop(0) if extra else None)
+  assert sync.next() is None   # the extra receive timed out
+  main, ext, out_of_sync = sync.next()
+  assert (main.frame_id, ext.frame_id, out_of_sync) == (5, 5, False)
+
 def test_drops_filter_and_warmup():
   d = FrameDrops()
   assert [d.update(i) for i in range(1, 11)] == [0] * 10
