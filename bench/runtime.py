@@ -24,7 +24,7 @@ def main() -> None:
   from modelrt.compile import build_family
   from modelrt.artifact import load_artifact
   from modelrt.runner import RoadRunner, aligned_empty
-  from modelrt.constants import DESIRE_LEN, TRAFFIC_CONVENTION_LEN
+  from modelrt.constants import DESIRE_LEN
 
   layout = NV12Layout.aligned(1928, 1208)
   with tempfile.TemporaryDirectory() as d:

@@ -12,7 +12,7 @@ given with --scene (frame id = scene frame, as camerad serves it); otherwise a b
 """
 from __future__ import annotations
 import argparse, os, sys, time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 import numpy as np
@@ -287,7 +287,7 @@ def live_frames(name: str, camera: str, frames: int | None, timeout: float) -> t
   services = ['driverStateV2', 'driverMonitoringState'] if camera == 'driver' else ['modelV2']
   services += ['liveCalibration', state_svc]
   poller = Poller()
-  socks = {id(sub_sock(s, poller=poller)): s for s in services}
+  for s in services: sub_sock(s, poller=poller)   # the poller keeps the sockets
   client = VisionIpcClient(name, stream, conflate=False)
   client.connect(blocking=True)
   def gen():
