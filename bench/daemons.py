@@ -2,16 +2,22 @@
 """Daemon benchmark: modeld and dmonitoringd as real processes on 20 Hz camera streams.
 
 This process is the camera (VisionIPC road, wide road and driver streams, with their camera-state messages) and the
-subscriber (modelV2, driverStateV2). Each daemon first runs alone (--ratio-seconds): per-frame latency from the publish
-of the last camera frame it needs (the buffer filled, its index sent) to its message's arrival here, p50/p99. Then both run together (--seconds): the
-same latencies, frameDropPerc at 20 Hz, each daemon's CPU and its RSS sampled every second (it must not grow). Last,
-with the daemons gone, this process replays the same artifacts bare at 20 Hz (RoadRunner/DMRunner.run: guard checks,
-warps, models, copy-out): a daemon's latency p50 alone over its bare replay p50 is its overhead ratio (target <= 1.10),
-printed last. Everything is measured in this run on this machine; run it alone (the daemons share the cores).
+subscriber (modelV2, driverStateV2). Latency is from the publish of the last camera frame a daemon needs (the buffer
+filled, its index sent) to its message's arrival here.
+
+1. Overhead, each daemon alone (--ratio-seconds): blocks of 2 s of frames to the daemon alternate with blocks of 2 s of
+   bare replays of the same artifact in this process (RoadRunner/DMRunner.run: guard checks, warps, models, copy-out),
+   both paced at 20 Hz, the camera sending only the daemon's streams. Alternating blocks share whatever else the
+   machine is doing, and both sides idle between frames alike. The first two frames of every block are left out (they
+   follow a 2 s pause). The ratio of the two p50s is the daemon's overhead (target <= 1.10), printed last.
+2. Both daemons together on all three streams (--seconds): the same latencies, frameDropPerc at 20 Hz, each daemon's
+   CPU and its RSS sampled every second (it must not grow).
+
+Everything is measured in this run on this machine; run it alone (the daemons share the cores).
 
 usage: bench/daemons.py [--seconds 60] [--ratio-seconds 20] [--models reference|tiny] [--camera LAYOUT]
 """
-import argparse, os, pathlib, signal, subprocess, sys, threading, time, uuid
+import argparse, os, pathlib, signal, subprocess, sys, tempfile, threading, time, uuid
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / 'tests')]
 os.environ.setdefault('DEV', 'CPU')
@@ -20,7 +26,11 @@ import numpy as np
 from msgq.visionipc import NV12Layout, ROAD, WIDE_ROAD, DRIVER
 
 FRAME_NS = 50_000_000
+BLOCK = 40           # frames per block in the overhead phase (2 s at 20 Hz)
+BLOCK_SKIP = 2       # frames left out at the start of each block
+SETTLE_S = 3
 CLK_TCK = os.sysconf('SC_CLK_TCK')
+DAEMONS = {'modeld': ('modelV2', (ROAD, WIDE_ROAD)), 'dmonitoringd': ('driverStateV2', (DRIVER,))}
 
 def ms(x: float) -> str: return f"{x * 1e3:.2f} ms"
 
@@ -31,74 +41,156 @@ def proc_stats(pid: int) -> tuple[float, float]:
   with open(f'/proc/{pid}/status') as f: rss = next(int(l.split()[1]) for l in f if l.startswith('VmRSS:')) / 1024
   return cpu, rss
 
-DAEMONS = {'modeld': ('modelV2', (ROAD, WIDE_ROAD)), 'dmonitoringd': ('driverStateV2', (DRIVER,))}
-SETTLE_S = 3
-
-def run_daemons(cam, art, names: list[str], seconds: float) -> dict:
-  """Start the daemons, wait for READY, serve 20 Hz frames for SETTLE_S + seconds, stop them. Per daemon: latency from
-  the publish of the last camera frame it needs to its message's arrival here, CPU share and RSS every second."""
+def start(art, name: str) -> subprocess.Popen:
+  """The daemon as a real process, returned once it sent READY=1."""
   from daemon_harness import Notify
-  from cereal import messaging
-  procs = {}
-  for name in names:
-    notify = Notify()
-    env = {**os.environ, 'NOTIFY_SOCKET': notify.addr, 'PARALLEL': '0'}
-    procs[name] = subprocess.Popen([sys.executable, '-m', name, '--artifacts', str(art), '--stats-interval', '1000'], cwd=REPO, env=env,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    notify.wait('READY=1', 180)
-    notify.close()
-  arrivals = {DAEMONS[n][0]: {} for n in names}
-  drop_perc: list[tuple[int, float]] = []
-  stop = threading.Event()
-  def subscribe():
+  notify = Notify()
+  env = {**os.environ, 'NOTIFY_SOCKET': notify.addr, 'PARALLEL': '0'}
+  log = tempfile.TemporaryFile('w+')   # a file, not a pipe: a long run's log lines never block the daemon
+  p = subprocess.Popen([sys.executable, '-m', name, '--artifacts', str(art)], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=log)
+  p.log = log
+  try: notify.wait('READY=1', 180)
+  finally: notify.close()
+  return p
+
+def stop(procs: dict[str, subprocess.Popen]) -> dict[str, str]:
+  """SIGTERM each daemon; its last periodic stats line."""
+  stats = {}
+  for n, p in procs.items():
+    p.send_signal(signal.SIGTERM)
+    p.wait(10)
+    p.log.seek(0)
+    lines = p.log.read().splitlines()
+    p.log.close()
+    if p.returncode != 0: print(f"{n} exited {p.returncode}:\n" + '\n'.join(lines[-30:]))
+    stats[n] = next((l.split(' stats ', 1)[1] for l in reversed(lines) if ' stats ' in l), 'no stats line')
+  return stats
+
+class Subscriber:
+  """Arrival time of every message of the given services by frameId, and modelV2's frameDropPerc, from a thread."""
+  def __init__(self, services: list[str]):
+    self.arrivals: dict[str, dict[int, int]] = {s: {} for s in services}
+    self.drop_perc: list[tuple[int, float]] = []
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, daemon=True)
+    self._thread.start()
+    time.sleep(0.5)   # subscribed before the first frame
+
+  def _run(self) -> None:
+    from cereal import messaging
     poller = messaging.Poller()
-    socks = [messaging.sub_sock(s, poller=poller) for s in arrivals]
-    while not stop.is_set():
+    socks = [messaging.sub_sock(s, poller=poller) for s in self.arrivals]
+    while not self._stop.is_set():
       for sock in poller.poll(100):
         while (dat := sock.receive(non_blocking=True)) is not None:
           now = time.monotonic_ns()
           ev = messaging.log_from_bytes(dat)
-          arrivals[s := ev.which()][getattr(ev, s).frameId] = now
-          if s == 'modelV2': drop_perc.append((ev.modelV2.frameId, ev.modelV2.frameDropPerc))
+          self.arrivals[s := ev.which()][getattr(ev, s).frameId] = now
+          if s == 'modelV2': self.drop_perc.append((ev.modelV2.frameId, ev.modelV2.frameDropPerc))
     for sock in socks: sock.close()
-  sub = threading.Thread(target=subscribe, daemon=True)
-  sub.start()
-  time.sleep(0.5)
 
+  def close(self) -> None:
+    time.sleep(0.5)   # the last frames' messages
+    self._stop.set()
+    self._thread.join(1)
+
+def pace(t0: int, i: int) -> None:
+  """Sleep until frame tick i after t0 (monotonic ns)."""
+  while (now := time.monotonic_ns()) < t0 + i * FRAME_NS: time.sleep(min(0.005, (t0 + i * FRAME_NS - now) / 1e9))
+
+def serve(cam, frame_ids: range, streams=None, each_second=None) -> dict[int, dict[int, int]]:
+  """Send the frames at 20 Hz; {stream: {frame id: publish time}}. each_second() runs after every 20th frame."""
   sent: dict[int, dict[int, int]] = {s: {} for s in cam.layouts}
-  rss: dict[str, list[float]] = {n: [] for n in names}
-  settle, n_frames = SETTLE_S * 20, (SETTLE_S + int(seconds)) * 20
-  t0, cpu0 = time.monotonic_ns(), {}
-  for i in range(1, n_frames + 1):
-    while (now := time.monotonic_ns()) < t0 + i * FRAME_NS: time.sleep(min(0.005, (t0 + i * FRAME_NS - now) / 1e9))
+  t0 = time.monotonic_ns()
+  for k, i in enumerate(frame_ids, 1):
+    pace(t0, k)
     published = {}
-    cam.send(i, published=published)
+    cam.send(i, streams, published=published)
     for s, t in published.items(): sent[s][i] = t
-    if i == settle: cpu0 = {n: (proc_stats(p.pid)[0], time.monotonic()) for n, p in procs.items()}
-    if i % 20 == 0:
-      for n, p in procs.items(): rss[n].append(proc_stats(p.pid)[1])
-  time.sleep(0.5)
-  cpu = {n: (proc_stats(p.pid)[0] - cpu0[n][0]) / (time.monotonic() - cpu0[n][1]) for n, p in procs.items()}
-  stop.set()
-  sub.join(1)
-  out = {'drop_perc': [v for f, v in drop_perc if f > settle]}
-  for n, p in procs.items():
-    p.send_signal(signal.SIGTERM)
-    p.wait(10)
-    if p.returncode != 0: print(f"{n} exited {p.returncode}:\n{p.stderr.read()[-3000:]}")
-    svc, streams = DAEMONS[n]
-    lat = np.array([arrivals[svc][i] - sent[streams[-1]][i] for i in range(settle + 1, n_frames + 1) if i in arrivals[svc]]) / 1e9
+    if each_second and k % 20 == 0: each_second(k // 20)
+  return sent
+
+def latencies(sub: Subscriber, sent: dict, name: str, frame_ids) -> np.ndarray:
+  svc, streams = DAEMONS[name]
+  return np.array([sub.arrivals[svc][i] - sent[streams[-1]][i] for i in frame_ids if i in sub.arrivals[svc]]) / 1e9
+
+def bare_runners(art, layout: NV12Layout, images: dict[int, np.ndarray]) -> dict:
+  """For each daemon, a function running one bare replay of its artifact (runner.run on buffers like the camera's)."""
+  from modelrt.artifact import load_artifact
+  from modelrt.runner import RoadRunner, DMRunner, aligned_empty
+  from modelrt.geometry import road_warp_matrix, dm_warp_matrix
+  from modelrt.calibration import camera_for
+  class Buf:
+    def __init__(self, idx, stream):
+      self.data = aligned_empty(layout.size)
+      self.data[:] = images[stream]
+      self.addr, self.idx, self.stream = self.data.ctypes.data, idx, stream
+      self.width, self.height, self.stride, self.uv_offset, self.size = layout.width, layout.height, layout.stride, layout.uv_offset, layout.size
+  bufs = {s: [Buf(i, s) for i in range(4)] for s in (ROAD, WIDE_ROAD, DRIVER)}
+  road = RoadRunner(load_artifact(art, 'road'), layout, layout)
+  road.set_transforms(road_warp_matrix(np.zeros(3), camera_for('ar0231', 'road', layout.width, layout.height)),
+                      road_warp_matrix(np.zeros(3), camera_for('ar0231', 'wide', layout.width, layout.height), wide=True))
+  dm = DMRunner(load_artifact(art, 'dm'), layout)
+  dm_M = dm_warp_matrix(camera_for('ar0231', 'driver', layout.width, layout.height))
+  road.warmup(), dm.warmup()
+  desire, traffic = np.zeros(8, np.float32), np.array([1, 0], np.float32)
+  return {'modeld': lambda i: road.run(bufs[ROAD][i % 4], bufs[WIDE_ROAD][i % 4], desire, traffic),
+          'dmonitoringd': lambda i: dm.run(bufs[DRIVER][i % 4], np.zeros(3, np.float32), dm_M)}
+
+def overhead(cam, art, name: str, bare, seconds: float) -> tuple[np.ndarray, np.ndarray]:
+  """The daemon alone: (its latencies, bare replay times), from alternating blocks at 20 Hz."""
+  svc, streams = DAEMONS[name]
+  proc, sub = start(art, name), Subscriber([svc])
+  lat, base, fid = [], [], 1
+  try:
+    for _ in range(max(1, round(seconds * 20 / BLOCK))):
+      ids = range(fid, fid + BLOCK)
+      sent = serve(cam, ids, streams)
+      fid += BLOCK
+      time.sleep(0.2)   # the block's last message arrives before the bare replays start
+      lat.append(latencies(sub, sent, name, ids[BLOCK_SKIP:]))
+      t0 = time.monotonic_ns()
+      for k in range(BLOCK):
+        pace(t0, k + 1)
+        t = time.perf_counter()
+        bare(k)
+        if k >= BLOCK_SKIP: base.append(time.perf_counter() - t)
+  finally:
+    sub.close()
+    stop({name: proc})
+  return np.concatenate(lat), np.array(base)
+
+def together(cam, art, seconds: float) -> dict:
+  """Both daemons on all streams: latencies, frameDropPerc, CPU share and RSS every second."""
+  procs = {n: start(art, n) for n in DAEMONS}
+  sub = Subscriber([svc for svc, _ in DAEMONS.values()])
+  rss: dict[str, list[float]] = {n: [] for n in procs}
+  settle, n_frames, cpu0 = SETTLE_S * 20, (SETTLE_S + int(seconds)) * 20, {}
+  def each_second(sec: int) -> None:
+    if sec == SETTLE_S: cpu0.update({n: (proc_stats(p.pid)[0], time.monotonic()) for n, p in procs.items()})
+    for n, p in procs.items(): rss[n].append(proc_stats(p.pid)[1])
+  try:
+    sent = serve(cam, range(1, n_frames + 1), each_second=each_second)
+    cpu = {n: (proc_stats(p.pid)[0] - cpu0[n][0]) / (time.monotonic() - cpu0[n][1]) for n, p in procs.items()}
+  finally:
+    sub.close()
+    stats = stop(procs)
+  out = {'drop_perc': [v for f, v in sub.drop_perc if f > settle]}
+  for n in procs:
     r, k = rss[n], max(1, len(rss[n]) // 5)
-    out[n] = {'p50': float(np.percentile(lat, 50)) if len(lat) else float('nan'), 'cpu': cpu[n], 'k': k,
-              'rss_first': float(np.mean(r[:k])), 'rss_last': float(np.mean(r[-k:])), 'rss_max': max(r),
-              'line': (f"{svc} for {len(lat)}/{n_frames - settle} frames; latency publish->arrival p50 {ms(np.percentile(lat, 50))}, "
-                       f"p99 {ms(np.percentile(lat, 99))}, max {ms(lat.max())}") if len(lat) else f"no {svc} received"}
+    out[n] = {'stats': stats[n], 'lat': latencies(sub, sent, n, range(settle + 1, n_frames + 1)), 'n': n_frames - settle, 'cpu': cpu[n], 'k': k,
+              'rss_first': float(np.mean(r[:k])), 'rss_last': float(np.mean(r[-k:])), 'rss_max': max(r)}
   return out
+
+def lat_line(lat: np.ndarray, total: int) -> str:
+  if not len(lat): return "no messages received"
+  return f"{len(lat)}/{total} frames; p50 {ms(np.percentile(lat, 50))}, p99 {ms(np.percentile(lat, 99))}, max {ms(lat.max())}"
 
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   ap.add_argument('--seconds', type=float, default=60., help="both daemons together at 20 Hz, measured seconds (default 60; after a 3 s settle)")
-  ap.add_argument('--ratio-seconds', type=float, default=20., help="each daemon alone first, for its latency ratio (default 20)")
+  ap.add_argument('--ratio-seconds', type=float, default=20., help="each daemon alone first, seconds of frames to it (as many of bare "
+                  "replays, alternating in 2 s blocks; default 20)")
   ap.add_argument('--models', choices=['reference', 'tiny'], default='reference', help="built-in reference models or the tiny test models")
   ap.add_argument('--camera', default='1928x1208:aligned', help="camera buffer layout of all three streams (default 1928x1208:aligned)")
   args = ap.parse_args()
@@ -113,55 +205,25 @@ def main() -> int:
   cam = Camera({ROAD: layout, WIDE_ROAD: layout, DRIVER: layout})
   rng = np.random.default_rng(1)
   cam.images = {s: rng.integers(0, 256, layout.size, dtype=np.uint8) for s in cam.layouts}
-  # each daemon alone (its latency against its bare replay), then both together (drops, CPU, RSS at 20 Hz)
-  alone = {name: run_daemons(cam, art, [name], args.ratio_seconds) for name in DAEMONS}
-  both = run_daemons(cam, art, list(DAEMONS), args.seconds)
-  cam.close()
-  results = {}
-  for name, r in alone.items():
-    results[name] = r[name]['p50']
-    print(f"{name} alone: {r[name]['line']}")
-  for name in DAEMONS:
-    r = both[name]
-    print(f"{name} with the other: {r['line']}")
-    print(f"{name}: CPU {r['cpu'] * 100:.0f}% of one core; RSS {r['rss_first']:.1f} MiB in the first {r['k']} s -> "
+  bare = bare_runners(art, layout, cam.images)
+  try:
+    alone = {n: overhead(cam, art, n, bare[n], args.ratio_seconds) for n in DAEMONS}
+    both = together(cam, art, args.seconds)
+  finally: cam.close()
+
+  for n, (lat, base) in alone.items():
+    print(f"{n} alone, {DAEMONS[n][0]} latency publish->arrival: {lat_line(lat, len(base))}")
+    print(f"{n} bare guarded-JIT replay (runner.run) in alternating blocks: p50 {ms(np.percentile(base, 50))}, p99 {ms(np.percentile(base, 99))}")
+  for n in DAEMONS:
+    r = both[n]
+    print(f"{n} with the other, {DAEMONS[n][0]} latency publish->arrival: {lat_line(r['lat'], r['n'])}")
+    print(f"{n}: CPU {r['cpu'] * 100:.0f}% of one core; RSS {r['rss_first']:.1f} MiB in the first {r['k']} s -> "
           f"{r['rss_last']:.1f} MiB in the last {r['k']} s (max {r['rss_max']:.1f})")
+    print(f"{n}: its own last stats line: {r['stats']}")
   dp = both['drop_perc']
   print(f"modelV2 frameDropPerc at 20 Hz, both daemons running: max {max(dp):.2f}, last {dp[-1]:.2f}" if dp else "no frameDropPerc")
-
-  # the bare replay of the same artifacts in this process, with the daemons gone
-  from modelrt.artifact import load_artifact
-  from modelrt.runner import RoadRunner, DMRunner, aligned_empty
-  from modelrt.geometry import road_warp_matrix, dm_warp_matrix
-  from modelrt.calibration import camera_for
-  class Buf:
-    def __init__(self, idx, stream):
-      self.data = aligned_empty(layout.size)
-      self.data[:] = cam.images[stream]
-      self.addr, self.idx, self.stream = self.data.ctypes.data, idx, stream
-      self.width, self.height, self.stride, self.uv_offset, self.size = layout.width, layout.height, layout.stride, layout.uv_offset, layout.size
-  road = RoadRunner(load_artifact(art, 'road'), layout, layout)
-  road.set_transforms(road_warp_matrix(np.zeros(3), camera_for('ar0231', 'road', layout.width, layout.height)),
-                      road_warp_matrix(np.zeros(3), camera_for('ar0231', 'wide', layout.width, layout.height), wide=True))
-  dm = DMRunner(load_artifact(art, 'dm'), layout)
-  dm_M = dm_warp_matrix(camera_for('ar0231', 'driver', layout.width, layout.height))
-  bufs = {s: [Buf(i, s) for i in range(4)] for s in (ROAD, WIDE_ROAD, DRIVER)}
-  desire, traffic = np.zeros(8, np.float32), np.array([1, 0], np.float32)
-  bare = {'modeld': [], 'dmonitoringd': []}
-  n_bare = int(args.ratio_seconds * 10)
-  for i in range(n_bare + 5):
-    t = time.perf_counter()
-    road.run(bufs[ROAD][i % 4], bufs[WIDE_ROAD][i % 4], desire, traffic)
-    t1 = time.perf_counter()
-    dm.run(bufs[DRIVER][i % 4], np.zeros(3, np.float32), dm_M)
-    t2 = time.perf_counter()
-    if i >= 5: bare['modeld'].append(t1 - t), bare['dmonitoringd'].append(t2 - t1)
-    time.sleep(max(0, 0.05 - (time.perf_counter() - t)))   # at 20 Hz, like the daemons
-  for name in bare:
-    b = np.array(bare[name])
-    print(f"{name}: bare guarded-JIT replay (runner.run) p50 {ms(np.percentile(b, 50))}, p99 {ms(np.percentile(b, 99))}")
-  for name in bare:
-    print(f"{name}: latency p50 / bare replay p50 = {results[name] / np.percentile(bare[name], 50):.2f} (target <= 1.10)")
+  for n, (lat, base) in alone.items():
+    print(f"{n}: latency p50 / bare replay p50 = {np.percentile(lat, 50) / np.percentile(base, 50):.2f} (target <= 1.10)")
   return 0
 
 if __name__ == '__main__': sys.exit(main())
