@@ -1,7 +1,9 @@
 """Camera frame sync and dropped-frame accounting, exactly as openpilot's modeld (REFERENCE §3).
 
 Sync: receive main frames until main.sof >= extra.sof + 25 ms (at least one new main frame), then extra frames
-until main.sof < extra.sof + 25 ms; more than 10 ms apart is out of sync. One camera: extra is main.
+until main.sof < extra.sof + 25 ms; more than 10 ms apart is out of sync. One camera: extra is main. Where openpilot
+would wait forever (a new main frame under 25 ms ahead, then none within the receive timeout: a lockstep camera
+faster than 40 Hz), that frame is used.
 Drops: dropped = max(0, frame_id - last_frame_id - 1); a first-order filter (10 s, step 1/20 s) of min(dropped, 10),
 held at 0 for the first 10 runs, gives f; frameDropPerc = 100 f / (1 + f). A frame after any drop is prepare-only.
 """
@@ -27,8 +29,12 @@ class FrameSync:
   def next(self) -> tuple[Frame, Frame, bool] | None:
     main, self.pending = self.pending, None
     while main is None or self.main_sof < self.extra_sof + SYNC_AHEAD_NS:
-      if (main := self.recv_main()) is None: return None
-      self.main_sof = main.timestamp_sof
+      if (newer := self.recv_main()) is None:
+        if main is None: return None
+        # a main frame under 25 ms after the last one and nothing since: use it. A lockstep camera sends the next
+        # frame only once this one is answered, so waiting for one 25 ms ahead would stall both sides
+        break
+      main, self.main_sof = newer, newer.timestamp_sof
     if self.recv_extra is None:
       self.extra_sof = main.timestamp_sof
       return main, main, False

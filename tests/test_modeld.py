@@ -55,6 +55,14 @@ def test_sync_keeps_the_main_frame_while_its_extra_frame_is_late():
   main, ext, out_of_sync = sync.next()
   assert (main.frame_id, ext.frame_id, out_of_sync) == (5, 5, False)
 
+def test_sync_uses_a_close_main_frame_when_no_newer_one_comes():
+  """Lockstep faster than 40 Hz: each frame under 25 ms after the last, the next only once this one is answered."""
+  sync = FrameSync(_recv([F(1, 100), F(2, 112), None, F(3, 130), None]), _recv([F(1, 100), F(2, 112), F(3, 130)]))
+  assert [f.frame_id for f in sync.next()[:2]] == [1, 1]
+  assert [f.frame_id for f in sync.next()[:2]] == [2, 2]   # main 2 is 12 ms ahead; no main frame after it in time
+  assert [f.frame_id for f in sync.next()[:2]] == [3, 3]
+  assert sync.next() is None
+
 def test_drops_filter_and_warmup():
   d = FrameDrops()
   assert [d.update(i) for i in range(1, 11)] == [0] * 10
