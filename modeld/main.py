@@ -71,7 +71,7 @@ class ModelD(ModelDaemon):
     main_stream = main_client.stream
     runner.reset()   # a new connection: history from another camera session is meaningless
     self.geometry = None
-    sync = FrameSync(lambda: main_client.recv(RECV_TIMEOUT_MS), extra_client and (lambda: extra_client.recv(RECV_TIMEOUT_MS)))
+    sync = FrameSync(main_client.recv, extra_client and extra_client.recv, RECV_TIMEOUT_MS)
     drops, state_name = FrameDrops(), 'wideRoadCameraState' if main_stream == WIDE_ROAD else 'roadCameraState'
     while not self.stop:
       self.tick()

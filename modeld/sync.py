@@ -1,9 +1,9 @@
 """Camera frame sync and dropped-frame accounting, exactly as openpilot's modeld (REFERENCE §3).
 
 Sync: receive main frames until main.sof >= extra.sof + 25 ms (at least one new main frame), then extra frames
-until main.sof < extra.sof + 25 ms; more than 10 ms apart is out of sync. One camera: extra is main. Where openpilot
-would wait forever (a new main frame under 25 ms ahead, then none within the receive timeout: a lockstep camera
-faster than 40 Hz), that frame is used.
+until main.sof < extra.sof + 25 ms; more than 10 ms apart is out of sync. One camera: extra is main. A main frame under
+25 ms ahead is used when no newer one comes within 25 ms: a camera faster than 40 Hz would have sent one, so this is a
+lockstep camera waiting for the answer to this frame, which openpilot would wait for forever.
 Drops: dropped = max(0, frame_id - last_frame_id - 1); a first-order filter (10 s, step 1/20 s) of min(dropped, 10),
 held at 0 for the first 10 runs, gives f; frameDropPerc = 100 f / (1 + f). A frame after any drop is prepare-only.
 """
@@ -20,26 +20,24 @@ class Frame(Protocol):
 
 class FrameSync:
   """next() -> (main, extra, out_of_sync) or None when a receive timed out (nothing to run this time).
-  recv_*: () -> frame | None (a VisionIpcClient's recv with its timeout)."""
-  def __init__(self, recv_main: Callable[[], Frame | None], recv_extra: Callable[[], Frame | None] | None):
-    self.recv_main, self.recv_extra = recv_main, recv_extra
+  recv_*: (timeout_ms) -> frame | None, as VisionIpcClient.recv; timeout_ms: how long a receive waits."""
+  def __init__(self, recv_main: Callable[[int], Frame | None], recv_extra: Callable[[int], Frame | None] | None, timeout_ms: int):
+    self.recv_main, self.recv_extra, self.timeout_ms = recv_main, recv_extra, timeout_ms
     self.main_sof = self.extra_sof = 0
     self.pending: Frame | None = None   # a main frame whose extra frame has not come yet
 
   def next(self) -> tuple[Frame, Frame, bool] | None:
     main, self.pending = self.pending, None
     while main is None or self.main_sof < self.extra_sof + SYNC_AHEAD_NS:
-      if (newer := self.recv_main()) is None:
+      if (newer := self.recv_main(self.timeout_ms if main is None else SYNC_AHEAD_NS // 1_000_000)) is None:
         if main is None: return None
-        # a main frame under 25 ms after the last one and nothing since: use it. A lockstep camera sends the next
-        # frame only once this one is answered, so waiting for one 25 ms ahead would stall both sides
-        break
+        break   # holding a main frame under 25 ms ahead and no newer one within 25 ms: use it
       main, self.main_sof = newer, newer.timestamp_sof
     if self.recv_extra is None:
       self.extra_sof = main.timestamp_sof
       return main, main, False
     while True:
-      if (extra := self.recv_extra()) is None:
+      if (extra := self.recv_extra(self.timeout_ms)) is None:
         # keep the main frame: a camera that sends the next frame only once this one is answered (lockstep) would
         # otherwise wait for us forever; a newer main frame replaces it at the next call anyway if one comes
         self.pending = main

@@ -26,42 +26,50 @@ def artifacts(): return build(CACHE.parent / 'tiny', models='tiny')
 class F:
   def __init__(self, frame_id, sof_ms): self.frame_id, self.timestamp_sof = frame_id, int(sof_ms * 1e6)
 
-def _recv(frames):
-  it = iter(frames)
-  return lambda: next(it, None)
+class _Recv:
+  """A camera client's recv over a list of frames (None: that receive times out); records each receive's timeout."""
+  def __init__(self, frames): self.frames, self.timeouts = list(frames), []
+  def __call__(self, timeout_ms: int):
+    self.timeouts.append(timeout_ms)
+    return self.frames.pop(0) if self.frames else None
 
 def test_sync_takes_main_ahead_then_extra_within_25ms():
   # main frames every 50 ms; extra has an old frame queued, then one 3 ms later than each main frame
-  sync = FrameSync(_recv([F(1, 50), F(2, 100)]), _recv([F(7, 0), F(8, 53), F(9, 103)]))
+  sync = FrameSync(_Recv([F(1, 50), F(2, 100)]), _Recv([F(7, 0), F(8, 53), F(9, 103)]), 100)
   main, extra, out_of_sync = sync.next()
   assert (main.frame_id, extra.frame_id, out_of_sync) == (1, 8, False)   # extra 7 was > 25 ms behind: skipped
   main, extra, _ = sync.next()
   assert (main.frame_id, extra.frame_id) == (2, 9)
   assert sync.next() is None   # no more main frames: nothing to run
-  sync = FrameSync(_recv([F(1, 50)]), _recv([F(1, 38)]))
+  sync = FrameSync(_Recv([F(1, 50)]), _Recv([F(1, 38)]), 100)
   assert sync.next()[2]        # 12 ms apart: out of sync (logged, still run)
-  sync = FrameSync(_recv([F(1, 0), F(2, 50), F(3, 100)]), _recv([F(3, 100)]))
+  sync = FrameSync(_Recv([F(1, 0), F(2, 50), F(3, 100)]), _Recv([F(3, 100)]), 100)
   sync.extra_sof = int(75e6)   # the last extra frame was at 75 ms: main frames up to 100 ms are not ahead of it
   assert [f.frame_id for f in sync.next()[:2]] == [3, 3]
-  one = FrameSync(_recv([F(4, 50)]), None).next()
+  one = FrameSync(_Recv([F(4, 50)]), None, 100).next()
   assert one[0] is one[1] and not one[2]   # one camera: extra is main
 
 def test_sync_keeps_the_main_frame_while_its_extra_frame_is_late():
   """An extra frame later than the receive timeout: the main frame waits for it (a lockstep camera sends the next frame
   only once this one is answered, so dropping it would stall both sides)."""
-  extra = [None, F(5, 250)]
-  sync = FrameSync(_recv([F(5, 250)]), lambda: extra.pop(0) if extra else None)
+  sync = FrameSync(_Recv([F(5, 250)]), _Recv([None, F(5, 250)]), 100)
   assert sync.next() is None   # the extra receive timed out
   main, ext, out_of_sync = sync.next()
   assert (main.frame_id, ext.frame_id, out_of_sync) == (5, 5, False)
 
 def test_sync_uses_a_close_main_frame_when_no_newer_one_comes():
   """Lockstep faster than 40 Hz: each frame under 25 ms after the last, the next only once this one is answered."""
-  sync = FrameSync(_recv([F(1, 100), F(2, 112), None, F(3, 130), None]), _recv([F(1, 100), F(2, 112), F(3, 130)]))
+  main = _Recv([F(1, 100), F(2, 112), None, F(3, 130), None])
+  sync = FrameSync(main, _Recv([F(1, 100), F(2, 112), F(3, 130)]), 100)
   assert [f.frame_id for f in sync.next()[:2]] == [1, 1]
   assert [f.frame_id for f in sync.next()[:2]] == [2, 2]   # main 2 is 12 ms ahead; no main frame after it in time
   assert [f.frame_id for f in sync.next()[:2]] == [3, 3]
   assert sync.next() is None
+  assert main.timeouts == [100, 100, 25, 100, 25, 100]     # a newer main frame is waited for 25 ms only
+  # a camera faster than 40 Hz sends it within 25 ms: openpilot's skip stays
+  sync = FrameSync(_Recv([F(1, 100), F(2, 117), F(3, 133)]), _Recv([F(1, 100), F(3, 133)]), 100)
+  sync.next()
+  assert [f.frame_id for f in sync.next()[:2]] == [3, 3]
 
 def test_drops_filter_and_warmup():
   d = FrameDrops()
