@@ -120,16 +120,10 @@ def latencies(sub: Subscriber, sent: dict, name: str, frame_ids) -> np.ndarray:
 def bare_runners(art, layout: NV12Layout, images: dict[int, np.ndarray]) -> dict:
   """For each daemon, a function running one bare replay of its artifact (runner.run on buffers like the camera's)."""
   from modelrt.artifact import load_artifact
-  from modelrt.runner import RoadRunner, DMRunner, aligned_empty
+  from modelrt.runner import RoadRunner, DMRunner, HostBuf
   from modelrt.geometry import road_warp_matrix, dm_warp_matrix
   from modelrt.calibration import camera_for
-  class Buf:
-    def __init__(self, idx, stream):
-      self.data = aligned_empty(layout.size)
-      self.data[:] = images[stream]
-      self.addr, self.idx, self.stream = self.data.ctypes.data, idx, stream
-      self.width, self.height, self.stride, self.uv_offset, self.size = layout.width, layout.height, layout.stride, layout.uv_offset, layout.size
-  bufs = {s: [Buf(i, s) for i in range(4)] for s in (ROAD, WIDE_ROAD, DRIVER)}
+  bufs = {s: [HostBuf(layout, images[s], s, i) for i in range(4)] for s in (ROAD, WIDE_ROAD, DRIVER)}
   road = RoadRunner(load_artifact(art, 'road'), layout, layout)
   road.set_transforms(road_warp_matrix(np.zeros(3), camera_for('ar0231', 'road', layout.width, layout.height)),
                       road_warp_matrix(np.zeros(3), camera_for('ar0231', 'wide', layout.width, layout.height), wide=True))

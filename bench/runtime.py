@@ -23,7 +23,7 @@ def main() -> None:
   from modelrt.onnx_import import load_onnx
   from modelrt.compile import build_family
   from modelrt.artifact import load_artifact
-  from modelrt.runner import RoadRunner, aligned_empty
+  from modelrt.runner import RoadRunner, HostBuf
   from modelrt.constants import DESIRE_LEN
 
   layout = NV12Layout.aligned(1928, 1208)
@@ -57,13 +57,8 @@ def main() -> None:
     t_load = time.perf_counter() - t
     print(f"artifact load (verify + unpickle, 2 warps + vision + policy): {ms(t_load)}")
 
-    class Buf:
-      def __init__(self, idx, seed):
-        self.data = aligned_empty(layout.size)
-        self.data[:] = np.random.default_rng(seed).integers(0, 256, layout.size, dtype=np.uint8)
-        self.addr, self.idx, self.stream = self.data.ctypes.data, idx, 0
-        self.width, self.height, self.stride, self.uv_offset, self.size = layout.width, layout.height, layout.stride, layout.uv_offset, layout.size
-    bufs, desire, traffic = [Buf(i, i) for i in range(4)], np.zeros(DESIRE_LEN, np.float32), np.array([1, 0], np.float32)
+    bufs = [HostBuf(layout, np.random.default_rng(i).integers(0, 256, layout.size, dtype=np.uint8), 0, i) for i in range(4)]
+    desire, traffic = np.zeros(DESIRE_LEN, np.float32), np.array([1, 0], np.float32)
     s = np.array([[1928 / 512, 0, 0], [0, 1208 / 256, 0], [0, 0, 1]], np.float32)
     runner.set_transforms(s, s)
     t = time.perf_counter()

@@ -34,12 +34,14 @@ def host_tensor(arr: np.ndarray) -> Tensor:
 def zero_tensor(t: Tensor) -> None:
   (b := _buffer_of(t)).copy_from(Buffer('PYTHON', b.size, b.dtype, opaque=memoryview(bytearray(b.nbytes))))
 
-class _DummyBuf:
-  """A zeroed camera buffer for warm-up, never cached."""
-  def __init__(self, layout: NV12Layout):
-    self.data = aligned_empty(layout.size)
-    self.data[:] = 0
-    self.addr, self.idx, self.stream = self.data.ctypes.data, -1, -1
+class HostBuf:
+  """A camera buffer in host memory offering what the runners read of VisionIPC's VisionBuf: for warm-up, benchmarks
+  and tests. image: its bytes (default zeros); idx < 0: never cached; offset: the address this many bytes past a
+  64-byte boundary."""
+  def __init__(self, layout: NV12Layout, image: np.ndarray | None = None, stream: int = -1, idx: int = -1, offset: int = 0):
+    self.data = aligned_empty(layout.size + offset)[offset:]
+    self.data[:] = 0 if image is None else image
+    self.addr, self.idx, self.stream = self.data.ctypes.data, idx, stream
     self.width, self.height, self.stride, self.uv_offset, self.size = layout.width, layout.height, layout.stride, layout.uv_offset, layout.size
 
 class CameraTensors:
@@ -133,7 +135,7 @@ class RoadRunner:
 
   def warmup(self) -> None:
     """One full replay on zeroed frames, so the first real frame runs at steady-state latency; then a reset."""
-    self.run(_DummyBuf(self.main_layout), _DummyBuf(self.extra_layout), np.zeros(DESIRE_LEN), np.zeros(TRAFFIC_CONVENTION_LEN))
+    self.run(HostBuf(self.main_layout), HostBuf(self.extra_layout), np.zeros(DESIRE_LEN), np.zeros(TRAFFIC_CONVENTION_LEN))
     self.reset()
 
   def release_camera_tensors(self) -> None:
@@ -164,6 +166,6 @@ class DMRunner:
     return {**_cut(out, self.slices), 'raw': out}
 
   def warmup(self) -> None:
-    self.run(_DummyBuf(self.layout), np.zeros(3), np.eye(3))
+    self.run(HostBuf(self.layout), np.zeros(3), np.eye(3))
 
   def release_camera_tensors(self) -> None: self.cameras.release()

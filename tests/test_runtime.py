@@ -8,21 +8,17 @@ from onnx_models import vision_onnx, policy_onnx, dm_onnx
 from msgq.visionipc.layout import NV12Layout
 from modelrt.constants import (VISION_OUTPUT_SIZES, POLICY_OUTPUT_SIZES, DM_OUTPUT_SIZES, slices_from_sizes, FRAME_SKIP, DESIRE_LEN, HISTORY_LEN,
                                IMG_CHANNELS)
-from modelrt.artifact import load_artifact, ArtifactError, FORMAT_VERSION, tinygrad_version, _load_verified
+from modelrt.artifact import load_artifact, ArtifactError, FORMAT_VERSION, tinygrad_version
 from modelrt.compile import main
 from modelrt.guard import CameraLayoutError, _buffer_of
-from modelrt.runner import RoadRunner, DMRunner, aligned_empty
+from modelrt.runner import RoadRunner, DMRunner, HostBuf
 from modelrt.warp import road_warp_np, dm_warp_np
 
 MAIN, EXTRA = NV12Layout.aligned(64, 48), NV12Layout.packed(64, 48)
 
-class CamBuf:
-  """What VisionIPC's VisionBuf offers the runners: an address, a ring index, a stream and the NV12 layout."""
-  def __init__(self, layout: NV12Layout, stream=0, idx=0, seed=0, misalign=0):
-    self.data = aligned_empty(layout.size + misalign)[misalign:]
-    self.data[:] = np.random.default_rng(seed).integers(0, 256, layout.size, dtype=np.uint8)
-    self.addr, self.stream, self.idx = self.data.ctypes.data, stream, idx
-    self.width, self.height, self.stride, self.uv_offset, self.size = layout.width, layout.height, layout.stride, layout.uv_offset, layout.size
+def CamBuf(layout: NV12Layout, stream=0, idx=0, seed=0, misalign=0) -> HostBuf:
+  """A camera buffer of random pixels."""
+  return HostBuf(layout, np.random.default_rng(seed).integers(0, 256, layout.size, dtype=np.uint8), stream, idx, misalign)
 
 @pytest.fixture(scope='module')
 def built(tmp_path_factory):
