@@ -1,9 +1,8 @@
 """ONNX import (openpilot conventions) and the build-time validation of modeld-compile; the artifact it writes and the
 runners over it are tested in test_runtime.py."""
 import base64, json, os, pickle
-import numpy as np
 import pytest
-from tinygrad import Tensor, dtypes
+from tinygrad import Tensor
 from tinygrad.helpers import Context
 from onnx_models import vision_onnx, policy_onnx, dm_onnx
 from modelrt.constants import VISION_OUTPUT_SIZES, POLICY_OUTPUT_SIZES, DM_OUTPUT_SIZES, slices_from_sizes

@@ -4,7 +4,7 @@ from contextlib import contextmanager
 import pytest
 
 import msgq
-from msgq.pubsub import QUEUE_BYTES, WELCOME, _fnv1a64, _hwm, is_local
+from msgq.pubsub import _fnv1a64, _hwm, is_local
 
 CTX = multiprocessing.get_context("spawn")
 MiB = 1024 * 1024

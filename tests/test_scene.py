@@ -5,7 +5,7 @@ from functools import lru_cache
 import numpy as np
 import pytest
 from camerad.scene import SCENES_DIR, SceneError, Track, load_scene, parse_scene
-from camerad.render import ASPHALT, EYE, LEAD_BODY, PAINT, PHONE, SKIN, SceneRenderer, nv12_planes, write_truth
+from camerad.render import EYE, LEAD_BODY, PAINT, PHONE, SKIN, SceneRenderer, nv12_planes, write_truth
 from modelrt.constants import X_IDXS
 from modelrt.geometry import camera_from_calib, dm_warp_matrix
 from msgq.visionipc.layout import NV12Layout
