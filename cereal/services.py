@@ -1,25 +1,32 @@
-"""The services table: the single source of truth for every pub/sub topic's rate, logging and size."""
+"""The services table: the single source of truth for every pub/sub topic's rate, logging and size, and for the cameras.
+
+Names, rates, logging and qlog decimation are openpilot's for the services listed here.
+"""
 from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Service:
   frequency: float   # Hz the producer publishes at (SubMaster's alive/freq checks use it)
   should_log: bool   # the recorder records it by default
-  decimation: int | None = None   # record every Nth message in a decimated log (None: not in it)
+  decimation: int | None = None   # qlog keeps every Nth message (None: not in the qlog)
   max_size: int = 64 * 1024       # bytes: larger messages are refused by subscribers of this service
 
 MiB = 1024 * 1024
 SERVICES: dict[str, Service] = {
   # model outputs; rawPredictions can make modelV2/driverStateV2 large
-  "modelV2": Service(20., True, 20, 4 * MiB),
+  "modelV2": Service(20., True, None, 4 * MiB),   # drivingModelData is the model's qlog message
   "drivingModelData": Service(20., True, 10),
-  "cameraOdometry": Service(20., True, 5),
+  "cameraOdometry": Service(20., True, 10),
   "driverStateV2": Service(20., True, 10, 4 * MiB),
-  "driverMonitoringState": Service(20., True, 20),
+  "driverMonitoringState": Service(20., True, 10),
   # camera states, one per VisionIPC frame
   "roadCameraState": Service(20., True, 20),
   "wideRoadCameraState": Service(20., True, 20),
   "driverCameraState": Service(20., True, 20),
+  # where each encoded frame is in a segment's video: the recorder writes them with the video, nobody subscribes
+  "roadEncodeIdx": Service(20., False, 1),
+  "wideRoadEncodeIdx": Service(20., False, 1),
+  "driverEncodeIdx": Service(20., False, 1),
   # what the daemons read
   "liveCalibration": Service(4., True, 4),
   "carState": Service(100., True, 10),
@@ -27,5 +34,19 @@ SERVICES: dict[str, Service] = {
   "deviceState": Service(2., True, 1),
   "liveDelay": Service(4., True, 1),
 }
-# camera-state service of each VisionIPC stream (ROAD=0, DRIVER=1, WIDE_ROAD=2)
-CAMERA_STATE_SERVICES = {0: "roadCameraState", 1: "driverCameraState", 2: "wideRoadCameraState"}
+
+@dataclass(frozen=True)
+class Camera:
+  stream: int        # VisionIPC stream type
+  state: str         # camera-state service, one FrameData per frame
+  encode_idx: str    # EncodeIndex service of its video
+  video: str         # the video file in a route segment (HEVC)
+
+# openpilot's cameras; VisionIPC stream types ROAD=0, DRIVER=1, WIDE_ROAD=2
+CAMERAS: dict[str, Camera] = {
+  "road": Camera(0, "roadCameraState", "roadEncodeIdx", "fcamera.hevc"),
+  "driver": Camera(1, "driverCameraState", "driverEncodeIdx", "dcamera.hevc"),
+  "wide": Camera(2, "wideRoadCameraState", "wideRoadEncodeIdx", "ecamera.hevc"),
+}
+CAMERA_OF_STREAM = {c.stream: name for name, c in CAMERAS.items()}
+CAMERA_STATE_SERVICES = {c.stream: c.state for c in CAMERAS.values()}

@@ -21,11 +21,10 @@ def fill_driver_state(dm: dict, frame_id: int, execution_time: float, gpu_time: 
     b.sunglassesProb, b.phoneProb = d['sunglasses_prob'], d['using_phone_prob']
   return msg
 
-def fill_monitoring_state(state: dict, frame_id: int, valid: bool):
-  """state: DriverMonitoring.update(...)."""
+def fill_monitoring_state(state: dict, valid: bool):
+  """state: DriverMonitoring.update(...). openpilot's message carries no frame id: it follows its driverStateV2."""
   msg = new_message('driverMonitoringState')
   msg.valid = valid
   dms = msg.driverMonitoringState
   for k, v in state.items(): setattr(dms, k, v)
-  dms.frameId = frame_id
   return msg

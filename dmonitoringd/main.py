@@ -77,7 +77,7 @@ class DMonitoringD(ModelDaemon):
       cs = self.sm['carState']
       # the policy learns only from good frames; a bad one repeats the last state, marked invalid
       if finite and not torn: self.state = self.policy.update(dm, float(cs.vEgo) if np.isfinite(cs.vEgo) else 0., bool(cs.standstill))
-      if self.state is not None: self.pm.send('driverMonitoringState', fill_monitoring_state(self.state, buf.frame_id, valid))
+      if self.state is not None: self.pm.send('driverMonitoringState', fill_monitoring_state(self.state, valid))
       self.stats.count('frames')
       self.stats.timing('exec', exec_time)
       self.stats.timing('frame', time.perf_counter() - t0)   # run -> both messages sent

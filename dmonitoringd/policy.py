@@ -51,18 +51,19 @@ class _Ema:
 class DriverMonitoring:
   def __init__(self, settings: Settings = Settings()):
     self.s = s = settings
-    self.awareness, self.is_rhd = 1., False
+    self.awareness, self.is_rhd, self.rhd_checked = 1., False, False
     self.wheelpos = _Ema(s.WHEELPOS_TAU)
     self.pitch_offset, self.yaw_offset = _Ema(s.POSE_OFFSET_TAU), _Ema(s.POSE_OFFSET_TAU)
     self.hi_std_count = self.uncertain_count = 0
 
   def update(self, dm: dict, v_ego: float = 0., standstill: bool = False) -> dict:
-    """dm: dmonitoringd.parse.parse_dm_outputs(...). Returns the driverMonitoringState fields (frameId excepted)."""
+    """dm: dmonitoringd.parse.parse_dm_outputs(...). Returns the driverMonitoringState fields; `rhd_checked` says
+    whether enough frames were seen to decide isRHD."""
     s = self.s
     if max(dm['lhd']['face_prob'], dm['rhd']['face_prob']) > s.FACE_THRESHOLD:
       self.wheelpos.update(dm['wheel_on_right_prob'])
-    rhd_checked = self.wheelpos.n >= s.WHEELPOS_MIN_COUNT
-    if rhd_checked:
+    self.rhd_checked = self.wheelpos.n >= s.WHEELPOS_MIN_COUNT
+    if self.rhd_checked:
       lo, hi = s.WHEELPOS_HYSTERESIS
       self.is_rhd = self.wheelpos.x > hi if not self.is_rhd else self.wheelpos.x >= lo
     d = dm['rhd' if self.is_rhd else 'lhd']
@@ -96,7 +97,7 @@ class DriverMonitoring:
         factor = (s.RECOVERY_FACTOR_MAX - s.RECOVERY_FACTOR_MIN) * (1. - self.awareness) + s.RECOVERY_FACTOR_MIN
         self.awareness = min(self.awareness + factor * step, 1.)
     return {'faceDetected': bool(face), 'isDistracted': bool(distracted_type), 'distractedType': distracted_type,
-            'awarenessStatus': self.awareness, 'isRHD': self.is_rhd, 'rhdChecked': rhd_checked, 'isActiveMode': bool(active),
+            'awarenessStatus': self.awareness, 'isRHD': self.is_rhd, 'isActiveMode': bool(active),
             'isLowStd': bool(low_std), 'posePitchOffset': pitch_off, 'posePitchValidCount': self.pitch_offset.n,
             'poseYawOffset': yaw_off, 'poseYawValidCount': self.yaw_offset.n, 'stepChange': step,
             'hiStdCount': self.hi_std_count, 'uncertainCount': self.uncertain_count}

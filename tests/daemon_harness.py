@@ -126,7 +126,6 @@ class Camera:
       msg = messaging.new_message(svc := CAMERA_STATE_SERVICES[s])
       cs = getattr(msg, svc)
       cs.frameId, cs.timestampSof, cs.timestampEof, cs.sensor = frame_id, sof, eof, self.sensor
-      cs.width, cs.height = self.layouts[s].width, self.layouts[s].height
       self.pm.send(svc, msg)
       buf = self.server.get_free_buffer(s)
       np.copyto(buf.array, self.images[s])

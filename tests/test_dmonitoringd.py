@@ -58,9 +58,9 @@ def test_rhd_decided_with_hysteresis():
   dm = DriverMonitoring(st)
   right = _dm(_side(face=0.05), _side(), wheel_on_right=0.95)
   for i in range(19): s = dm.update(right, 20.)
-  assert not s['rhdChecked'] and not s['isRHD']   # not enough frames yet: LHD
+  assert not dm.rhd_checked and not s['isRHD']   # not enough frames yet: LHD
   s = dm.update(right, 20.)
-  assert s['rhdChecked'] and s['isRHD'] and s['faceDetected']   # now the right side's driver data is used
+  assert dm.rhd_checked and s['isRHD'] and s['faceDetected']   # now the right side's driver data is used
   for p in (0.55, 0.45, 0.42):   # inside the hysteresis band: stays RHD
     for _ in range(40): s = dm.update(_dm(_side(), _side(), p), 20.)
     assert s['isRHD']
@@ -98,7 +98,7 @@ def test_daemon_frames_in_lockstep(artifacts, tmp_path):
   try:
     for n in range(1, 31):
       ds, dms = _run(cam, col, n)
-      assert ds.driverStateV2.frameId == n and dms.driverMonitoringState.frameId == n and ds.valid and dms.valid
+      assert ds.driverStateV2.frameId == n and ds.valid and dms.valid
       v = ds.driverStateV2
       assert 0 < v.gpuExecutionTime <= v.modelExecutionTime < 5 and 0 <= v.wheelOnRightProb <= 1
       assert np.frombuffer(v.rawPredictions, np.float32).size == sum(DM_OUTPUT_SIZES.values())

@@ -1,20 +1,25 @@
 """cereal.messaging: Cap'n Proto `Event`s over msgq, with openpilot's PubMaster/SubMaster API."""
-import logging, os, time
+import logging, time
 from collections import deque
 import capnp
 
+from cereal import log
 from cereal.services import SERVICES
 from msgq import (DEFAULT_MAX_SIZE, IpcError, MultiplePublishersError, Poller, PubSocket, SubSocket, drain_sock_raw,
                   pub_sock as _pub_sock, sub_sock as _sub_sock)
 
-log = capnp.load(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "log.capnp"))
 logger = logging.getLogger("cereal.messaging")
 
 __all__ = ["log", "new_message", "log_from_bytes", "pub_sock", "sub_sock", "drain_sock", "drain_sock_raw", "recv_one",
            "recv_one_or_none", "recv_one_retry", "PubMaster", "SubMaster", "Poller", "PubSocket", "SubSocket", "IpcError",
-           "MultiplePublishersError", "MalformedMessageError"]
+           "MultiplePublishersError", "MalformedMessageError", "UnknownMemberError"]
 
 class MalformedMessageError(ValueError): pass
+class UnknownMemberError(MalformedMessageError):
+  """A well-formed event of a union member this schema does not know (a newer openpilot's)."""
+  def __init__(self, msg: str, log_mono_time: int, valid: bool):
+    super().__init__(msg)
+    self.logMonoTime, self.valid = log_mono_time, valid
 
 def _max_size(endpoint: str) -> int:
   return SERVICES[endpoint].max_size if endpoint in SERVICES else DEFAULT_MAX_SIZE
@@ -32,13 +37,20 @@ def log_from_bytes(dat: bytes, struct=log.Event):
   The message is validated by copying it once under a traversal limit proportional to its size: pointers out
   of bounds, too deep, or aliasing the same data to make readers walk far more than it carries are refused here,
   as MalformedMessageError, never later in a consumer. (Readers of the bytes themselves would also count every
-  repeated read against that limit; SubMaster users read the same message many times.)"""
+  repeated read against that limit; SubMaster users read the same message many times.) The copy keeps what this
+  schema does not declare inside the member (a newer openpilot's fields). An event of a union member this schema does
+  not know raises UnknownMemberError, which carries its logMonoTime and valid."""
   try:
     with struct.from_bytes(dat, traversal_limit_in_words=4 * (len(dat) // 8) + 4096, nesting_limit=64) as msg:
       copy = struct.new_message()
       for f in msg.schema.non_union_fields: setattr(copy, f, getattr(msg, f))
-      if msg.schema.union_fields: setattr(copy, w := msg.which(), getattr(msg, w))
+      if msg.schema.union_fields:
+        try: w = msg.which()
+        except capnp.KjException:
+          raise UnknownMemberError(f"an event of a union member this schema does not know ({len(dat)} bytes)", msg.logMonoTime, msg.valid) from None
+        setattr(copy, w, getattr(msg, w))
       return copy.as_reader()
+  except UnknownMemberError: raise
   except (capnp.KjException, ValueError, TypeError, AttributeError) as e:
     raise MalformedMessageError(f"malformed message ({len(dat)} bytes): {str(e).splitlines()[0][:200]}") from None
 
