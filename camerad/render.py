@@ -24,17 +24,6 @@ LEAD_BODY, LEAD_LIGHT = (30, 128, 128), (90, 100, 200)
 CABIN, SKIN, EYE, EYELID, PHONE = (60, 128, 128), (160, 110, 155), (25, 128, 128), (105, 110, 150), (235, 160, 100)
 TEXTURE = 3.0          # Y amplitude of the static asphalt/grass/cabin texture (8-px blocks)
 
-def nv12_planes(out: np.ndarray, layout: NV12Layout) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """Views of Y (h, w), U and V (h/2, w/2) inside a flat uint8 NV12 buffer of the given layout; padding untouched."""
-  if not isinstance(out, np.ndarray) or out.dtype != np.uint8 or out.ndim != 1 or not out.flags.c_contiguous or not out.flags.writeable:
-    raise ValueError(f"NV12 output: expected a writable contiguous 1-D uint8 array, got "
-                     f"{type(out).__name__} {getattr(out, 'dtype', '')} shape {getattr(out, 'shape', '')}")
-  if out.size < layout.size: raise ValueError(f"NV12 output: layout {layout} needs {layout.size} bytes, buffer has {out.size}")
-  w, h, s = layout.width, layout.height, layout.stride
-  y = out[:s * h].reshape(h, s)[:, :w]
-  uv = out[layout.uv_offset:layout.uv_offset + s * (h // 2)].reshape(h // 2, s)[:, :w]
-  return y, uv[:, 0::2], uv[:, 1::2]
-
 def _texture(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
   """Mild static texture: blocks of 8 px, uniform in [-TEXTURE, TEXTURE]."""
   blocks = rng.uniform(-TEXTURE, TEXTURE, ((h + 7) // 8, (w + 7) // 8)).astype(np.float32)
@@ -82,7 +71,7 @@ class SceneRenderer:
     """Write frame `frame` into `out` (a flat uint8 buffer of self.layout; allocated when None) and return it."""
     if frame < 0: raise ValueError(f"frame: expected >= 0, got {frame}")
     if out is None: out = np.zeros(self.layout.size, dtype=np.uint8)
-    y, u, v = nv12_planes(out, self.layout)
+    y, u, v = self.layout.planes(out)
     t = self.scene.time(frame)
     k = int(np.random.default_rng([self.scene.seed, frame]).integers(N_NOISE))
     (self._render_driver if self.camera == 'driver' else self._render_road)(t, k, y, u, v)

@@ -5,7 +5,7 @@ from functools import lru_cache
 import numpy as np
 import pytest
 from camerad.scene import SCENES_DIR, SceneError, Track, load_scene, parse_scene
-from camerad.render import EYE, LEAD_BODY, PAINT, PHONE, SKIN, SceneRenderer, nv12_planes, write_truth
+from camerad.render import EYE, LEAD_BODY, PAINT, PHONE, SKIN, SceneRenderer, write_truth
 from modelrt.constants import X_IDXS
 from modelrt.geometry import camera_from_calib, dm_warp_matrix
 from msgq.visionipc.layout import NV12Layout
@@ -37,7 +37,7 @@ def renderer(name: str, camera: str, layout: str | None = None) -> SceneRenderer
   return SceneRenderer(sc, camera, NV12Layout.parse(layout) if layout else NV12Layout.packed(cam.width, cam.height))
 
 def planes(r: SceneRenderer, frame: int):
-  return nv12_planes(r.render(frame), r.layout)
+  return r.layout.planes(r.render(frame))
 
 def project(sc, cam, x, y, z=None, calib=None) -> tuple[int, int]:
   p = camera_from_calib(sc.calib if calib is None else calib, cam) @ [x, y, sc.height if z is None else z]
@@ -111,16 +111,16 @@ def test_padded_layout_same_pixels_padding_untouched(camera):
   padded = NV12Layout(w, h, stride, stride * (h + 6), stride * (h + 6) + stride * (h // 2) + 100)
   buf = np.full(padded.size, 0xA5, np.uint8)
   SceneRenderer(packed.scene, camera, padded).render(5, buf)
-  for p, q in zip(nv12_planes(packed.render(5), packed.layout), nv12_planes(buf, padded)): assert np.array_equal(p, q)
+  for p, q in zip(packed.layout.planes(packed.render(5)), padded.planes(buf)): assert np.array_equal(p, q)
   written = np.zeros(padded.size, np.uint8)
-  for p in nv12_planes(written, padded): p[...] = 1
+  for p in padded.planes(written): p[...] = 1
   assert (buf[written == 0] == 0xA5).all() and (written == 0).sum() == padded.size - w * h * 3 // 2
 
 def test_render_rejects_bad_buffers():
   r = renderer('small', 'road')
-  with pytest.raises(ValueError, match="needs 217440 bytes, buffer has 100"): r.render(0, np.zeros(100, np.uint8))
-  with pytest.raises(ValueError, match="writable contiguous 1-D uint8"): r.render(0, np.zeros(r.layout.size, np.float32))
-  with pytest.raises(ValueError, match="writable contiguous 1-D uint8"): r.render(0, np.zeros((2, r.layout.size), np.uint8))
+  with pytest.raises(ValueError, match="needs 217440 bytes, the buffer has 100"): r.render(0, np.zeros(100, np.uint8))
+  with pytest.raises(ValueError, match="contiguous 1-D uint8"): r.render(0, np.zeros(r.layout.size, np.float32))
+  with pytest.raises(ValueError, match="contiguous 1-D uint8"): r.render(0, np.zeros((2, r.layout.size), np.uint8))
   with pytest.raises(ValueError, match="road camera of sensor ar0231 is 480x302, layout is 1928x1208"):
     SceneRenderer(r.scene, 'road', NV12Layout.packed(1928, 1208))
 
