@@ -1,11 +1,14 @@
 """modeld-record as a real process over real pub/sub, and LogReader on what it wrote (and on damaged files)."""
-import os, signal, socket, subprocess, sys, time
+import bz2, os, signal, socket, subprocess, sys, time
 from pathlib import Path
 import pytest
 import zstandard as zstd
 from cereal import messaging
-from tools.logreader import LOG_NAME, LogReader, log_files, read_log_file, segment_dirs, split_messages
-from tools.record import LogWriter
+from cereal.services import SERVICES
+from oproute.logreader import LogReader, UnknownEvent, log_files, read_log_file, segment_dirs, split_messages
+from oproute.writer import LogFile
+
+LOG_NAME = "rlog.zst"
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,10 +71,12 @@ def test_sigkill_loses_at_most_the_last_moments(tmp_path):
     pm.close()
   segs = segment_dirs(route)
   assert len(segs) >= 3, f"expected several 0.3 s segments, got {[s.name for s in segs]}"
-  for seg in segs[:-1]:
+  for i, seg in enumerate(segs[:-1]):
     lr = LogReader(seg)
-    list(lr)
-    assert lr.warnings == [], f"closed segment {seg.name}: {lr.warnings}"
+    assert next(iter(lr)).which() == "initData" and lr.warnings == [], f"segment {seg.name}: {lr.warnings}"
+    if i < len(segs) - 2:   # closed (the one before the last may have been closing when the kill came)
+      for log in ("rlog.zst", "qlog.zst"):   # one frame with its size: one-shot decoders (openpilot's LogReader) read it
+        assert zstd.decompress((seg / log).read_bytes()) == read_log_file(seg / log)[0]
   got = by_service(LogReader(route).raw())
   for s, msgs in sent.items():
     assert got[s] == msgs[:len(got[s])], f"{s}: what reads back is not what was sent"
@@ -99,18 +104,25 @@ def test_sigterm_closes_and_skips_malformed(tmp_path):
     if p.poll() is None: p.kill()
     pm.close()
   assert "carState: 2 malformed messages not recorded" in err
-  lr = LogReader(route)
+  lr = LogReader(route, sort_by_time=True)
   events = list(lr.raw())
-  assert [d for d, _ in events] == good and lr.warnings == []
-  times = [ev.logMonoTime for _, ev in events]
-  assert times == sorted(times)
+  assert events[0][1].which() == "initData" and [d for d, _ in events[1:]] == good and lr.warnings == []
+  # the qlog: initData, then every Nth message of each service (N: its decimation in the services table)
+  qlog = [d for d, _ in LogReader(route, "q", sort_by_time=True).raw()]
+  assert qlog[0] == events[0][0]
+  want = [d for svc in ("carState", "liveCalibration") for d in [m for m in good if messaging.log_from_bytes(m).which() == svc][::SERVICES[svc].decimation]]
+  assert sorted(qlog[1:]) == sorted(want)
 
-def write_log(path: Path, msgs: list[bytes], flush_every: int = 7) -> None:
-  w = LogWriter(path)
+def write_log(path: Path, msgs: list[bytes], flush_every: int = 7, close: bool = True) -> None:
+  """A log as the recorder writes it: zstd frames ended every few messages; closed (one frame) or as a crash leaves it."""
+  w = LogFile(path)
   for i, m in enumerate(msgs):
     w.write(m)
     if i % flush_every == flush_every - 1: w.flush()
-  w.close()
+  if close: w.close()
+  else:
+    w.flush()
+    w.f.close()
 
 def test_truncated_tail_reads_up_to_last_whole_message(tmp_path):
   msgs = [car(i) for i in range(40)]
@@ -118,27 +130,51 @@ def test_truncated_tail_reads_up_to_last_whole_message(tmp_path):
   write_log(path, msgs)
   assert [d for d, _ in LogReader(path).raw()] == msgs
   # content cut in the middle of message 25 (as a crash mid-write leaves it), compressed as a valid zstd stream
-  content = read_log_file(path)
-  assert content == b"".join(msgs)
+  content, problem = read_log_file(path)
+  assert content == b"".join(msgs) and problem is None
   cut = sum(map(len, msgs[:25])) + len(msgs[25]) // 2
   path.write_bytes(zstd.ZstdCompressor().compress(content[:cut]))
   lr = LogReader(path)
   assert [d for d, _ in lr.raw()] == msgs[:25]
-  assert len(lr.warnings) == 1 and "not a whole message" in lr.warnings[0]
-  # the compressed file itself cut anywhere: a prefix of the messages, no exception
-  write_log(path, msgs)
-  data = path.read_bytes()
-  for n in (len(data) - 1, len(data) - 5, len(data) * 2 // 3, len(data) // 3, 10, 0):
-    path.write_bytes(data[:n])
-    got = [d for d, _ in LogReader(path).raw()]
-    assert got == msgs[:len(got)], n
+  assert len(lr.warnings) == 1 and "not a whole message" in lr.warnings[0] and f"from offset {cut - len(msgs[25]) // 2}" in lr.warnings[0]
+  # the compressed file itself cut anywhere, closed (one frame) or as a crash leaves it (frames): a prefix, no exception
+  for close in (True, False):
+    write_log(path, msgs, close=close)
+    data = path.read_bytes()
+    for n in (len(data) - 1, len(data) - 5, len(data) * 2 // 3, len(data) // 3, 10, 0):
+      path.write_bytes(data[:n])
+      got = [d for d, _ in LogReader(path).raw()]
+      assert got == msgs[:len(got)], (close, n)
+    assert len(got) == 0
 
 def test_split_messages_framing():
   msgs = [car(1), calib(2), car(3)]
-  blob = b"".join(msgs)
-  assert split_messages(blob) == (msgs, 0)
-  assert split_messages(blob[:-3]) == (msgs[:2], len(msgs[2]) - 3)
+  blob, offsets = b"".join(msgs), [0, len(msgs[0]), len(msgs[0]) + len(msgs[1])]
+  assert split_messages(blob) == (list(zip(offsets, msgs)), 0)
+  assert split_messages(blob[:-3]) == (list(zip(offsets, msgs))[:2], len(msgs[2]) - 3)
   assert split_messages(b"\xff\xff\xff\xff" + blob) == ([], len(blob) + 4)   # implausible segment count: no message
+
+def test_compressions_bad_bytes_and_unknown_events(tmp_path):
+  """zstd, bzip2 and plain logs read alike; bytes that are not an Event are reported with file and offset, never
+  yielded; an event of a union member this schema does not know comes out as unknown, never as another type."""
+  msgs = [car(i) for i in range(5)]
+  for name, data in (("rlog.zst", zstd.ZstdCompressor().compress(b"".join(msgs))), ("rlog.bz2", bz2.compress(b"".join(msgs))), ("rlog", b"".join(msgs))):
+    (tmp_path / name).write_bytes(data)
+    assert [d for d, _ in LogReader(tmp_path / name).raw()] == msgs, name
+  # a newer openpilot's member: the Event's union discriminant (its first data word, bits 32..47) set past this schema's
+  newer = car(9)
+  words = bytearray(newer)   # one segment: an 8-byte segment table, the root pointer, then the Event's data section
+  disc_at = 8 + 8 + 2 * messaging.log.Event.schema.node.struct.discriminantOffset
+  assert int.from_bytes(words[disc_at:disc_at + 2], "little") == messaging.log.Event.schema.fields["carState"].proto.discriminantValue
+  words[disc_at:disc_at + 2] = (999).to_bytes(2, "little")
+  garbage = b"\x07\x00\x00\x00" + b"\xff" * 60   # claims 8 segments that are not there
+  (tmp_path / "rlog").write_bytes(msgs[0] + bytes(words) + msgs[1] + garbage)
+  lr = LogReader(tmp_path / "rlog")
+  evs = list(lr)
+  assert [ev.which() for ev in evs] == ["carState", "unknown", "carState"] and isinstance(evs[1], UnknownEvent)
+  assert evs[1].logMonoTime == messaging.log_from_bytes(newer).logMonoTime and evs[1].data == bytes(words)
+  assert len(lr.warnings) == 1 and f"offset {len(msgs[0]) * 2 + len(words)}" in lr.warnings[0] and str(tmp_path / "rlog") in lr.warnings[0]
+  assert [ev.which() for ev in LogReader(tmp_path / "rlog", only_union_types=True)] == ["carState", "carState"]
 
 def test_logreader_paths(tmp_path):
   route = tmp_path / "r"
@@ -153,9 +189,22 @@ def test_logreader_paths(tmp_path):
   plain = tmp_path / "rlog"
   plain.write_bytes(car(7) + car(8))
   assert [ev.carState.vEgo for ev in LogReader(plain)] == [7, 8]
-  with pytest.raises(FileNotFoundError, match="no such log, segment or route"): log_files(tmp_path / "nope")
+  assert [ev.carState.vEgo for ev in LogReader([route / "r--2", plain])] == [4, 5, 7, 8]
+  # a device's layout: the segments of route R side by side, named by the route
+  for n, v in enumerate((11, 12)):
+    (tmp_path / "realdata" / f"R--{n}").mkdir(parents=True)
+    write_log(tmp_path / "realdata" / f"R--{n}" / LOG_NAME, [car(v)])
+  assert [x.vEgo for x in LogReader(tmp_path / "realdata" / "R").filter("carState")] == [11, 12]
+  assert LogReader(tmp_path / "realdata" / "R").first("carState").vEgo == 11
+  # qlogs: mode q reads them, mode a where there is no rlog
+  write_log(route / "r--1" / "qlog.zst", [car(30)])
+  assert [ev.carState.vEgo for ev in LogReader(route / "r--1", "q")] == [30]
+  (route / "r--1" / LOG_NAME).unlink()
+  assert [ev.carState.vEgo for ev in LogReader(route, "a")] == [1, 2, 30, 4, 5]
+  with pytest.raises(FileNotFoundError, match="no rlog.zst/rlog.bz2/rlog in segment.* r--1"): LogReader(route)
+  with pytest.raises(FileNotFoundError, match="no such log, segment or route"): log_files(tmp_path / "nope" / "x")
   (tmp_path / "empty").mkdir()
-  with pytest.raises(FileNotFoundError, match="expected a route folder"): LogReader(tmp_path / "empty")
+  with pytest.raises(FileNotFoundError, match="expected a log file, a segment folder"): LogReader(tmp_path / "empty")
 
 def test_record_cli_errors(tmp_path):
   def run(*args):

@@ -1,139 +1,115 @@
-"""modeld-record: records services (and optionally the camera streams) into a route of fixed-length segments.
+"""modeld-record: records services (and optionally the camera streams) into an openpilot route.
 
-Files (format: tools/logreader.py): ROUTE/<name>--<n>/rlog.zst, plus road.mkv / wide.mkv / driver.mkv with --video.
-Crash safety: the log is flushed as a complete zstd frame every --flush-seconds, and a video's clusters are written
-as they close, so a SIGKILL loses at most the last moments; closed segments are complete.
+ROUTE/ROUTE--<n>/ segments of --segment-seconds: rlog.zst (every message, initData first), qlog.zst (decimated as the
+services table says), and with --video the cameras as HEVC (fcamera.hevc road, ecamera.hevc wide, dcamera.hevc driver)
+with a roadEncodeIdx / wideRoadEncodeIdx / driverEncodeIdx event per frame in the logs. Format: oproute.
+Crash safety: the logs are flushed as complete zstd frames every --flush-seconds, so a SIGKILL loses at most the last
+moments of the log (and the frames being encoded); closed segments are complete.
 """
 from __future__ import annotations
-import argparse, logging, sys, threading, time
+import argparse, logging, queue, sys, threading, time
 from datetime import datetime
-from fractions import Fraction
 from pathlib import Path
-import av
-import numpy as np
-import zstandard as zstd
 from common.service import Stats, StopFlag, Watchdog, notify, set_process_title, setup_logging
 from cereal import messaging
-from cereal.services import SERVICES
-from msgq.visionipc import DRIVER, ROAD, WIDE_ROAD, VisionIpcClient
-from tools.logreader import LOG_NAME, VIDEO_NAMES, message_length
+from cereal.services import CAMERAS, SERVICES
+from msgq.visionipc import VisionIpcClient
+from oproute.logreader import message_length
+from oproute.video import KEYFRAME_FLAG, HevcWriter, picture
+from oproute.writer import RouteWriter
 
 log = logging.getLogger("modeld-record")
-CAMERA_STREAMS = {"road": ROAD, "wide": WIDE_ROAD, "driver": DRIVER}
-CODECS = {"h264": ("libx264", {"preset": "ultrafast", "tune": "zerolatency", "crf": "18"}),
-          "hevc": ("libx265", {"preset": "ultrafast", "x265-params": "log-level=error"}),
-          "ffv1": ("ffv1", {})}   # ffv1: lossless, a replay serves the very same pixels
-# pts are frame ids in the container's 1/1000 time base; a cluster (what a crash can lose) spans at most 10 of them
-MKV_OPTIONS = {"live": "1", "cluster_time_limit": "10"}
+CLOSE_GRACE_S = 5.   # a segment stays open this long at most for its cameras' last EncodeIdx events
 
-class Route:
-  """The route folder and its current segment; `segment` changes every `segment_seconds`."""
-  def __init__(self, path: Path, segment_seconds: float):
-    self.path, self.segment_seconds = path, segment_seconds
-    path.mkdir(parents=True, exist_ok=True)
-    if any(path.glob(f"{path.name}--*")): raise FileExistsError(f"route {path} already has segments; choose a new route folder")
-    self.segment, self.t0 = 0, time.monotonic()
-    self.segment_dir(0).mkdir()
-
-  def segment_dir(self, n: int) -> Path: return self.path / f"{self.path.name}--{n}"
+class Segments:
+  """The segment in force: a new one every `seconds` since the start."""
+  def __init__(self, seconds: float):
+    self.seconds, self.t0, self.n = seconds, time.monotonic(), 0
 
   def update(self) -> bool:
-    """Start the next segment when the current one is full; True if it did."""
-    n = int((time.monotonic() - self.t0) // self.segment_seconds)
-    if n == self.segment: return False
-    self.segment_dir(n).mkdir(exist_ok=True)
-    self.segment = n
+    """True when a new segment started."""
+    n = int((time.monotonic() - self.t0) // self.seconds)
+    if n == self.n: return False
+    self.n = n
     return True
 
-class LogWriter:
-  """One segment's rlog.zst. flush() ends a zstd frame and hands it to the OS: from then on it survives a crash."""
-  def __init__(self, path: Path):
-    self.f = open(path, "wb")
-    self.z = zstd.ZstdCompressor(level=3, write_checksum=True).stream_writer(self.f, closefd=False)
-
-  def write(self, dat: bytes) -> None: self.z.write(dat)
-
-  def flush(self) -> None:
-    self.z.flush(zstd.FLUSH_FRAME)
-    self.f.flush()
-
-  def close(self) -> None:
-    self.z.close()
-    self.f.close()
-
 class CameraRecorder(threading.Thread):
-  """Encodes one VisionIPC stream into <segment>/<camera>.mkv, each frame's pts being its frame id."""
-  def __init__(self, camera: str, server: str, route: Route, codec: str, stop: threading.Event):
+  """Encodes one VisionIPC stream into each segment's HEVC file of that camera; every encoded frame's EncodeIndex event
+  goes to `out` as (segment, service, bytes)."""
+  def __init__(self, camera: str, server: str, route: RouteWriter, segments: Segments, out: queue.Queue, lossless: bool, stop: threading.Event):
     super().__init__(name=f"record-{camera}", daemon=True)
-    self.camera, self.route, self.codec, self.stop = camera, route, codec, stop
-    self.client = VisionIpcClient(server, CAMERA_STREAMS[camera], conflate=False)
-    self.frames = self.torn = 0
+    self.camera, self.route, self.segments, self.out, self.lossless, self.stop = camera, route, segments, out, lossless, stop
+    self.client = VisionIpcClient(server, CAMERAS[camera].stream, conflate=False)
+    self.frames = self.torn = self.encode_id = 0
     self.error: BaseException | None = None
-    self._container = self._stream = self._segment = None
+    self.segment: int | None = None   # the segment whose file is open
+    self._writer = None
 
-  def _open(self, w: int, h: int) -> None:
-    self._close()
-    self._segment = self.route.segment
-    path = self.route.segment_dir(self._segment) / VIDEO_NAMES[self.camera]
-    name, options = CODECS[self.codec]
-    self._container = av.open(str(path), "w", format="matroska", options=MKV_OPTIONS, container_options={"flush_packets": "1"})
-    st = self._stream = self._container.add_stream(name)
-    st.width, st.height, st.pix_fmt = w, h, "yuv420p"
-    st.time_base = st.codec_context.time_base = Fraction(1, 1000)
-    st.codec_context.options = options
+  def _index(self, encoded) -> None:
+    svc = CAMERAS[self.camera].encode_idx
+    for e in encoded:
+      msg = messaging.new_message(svc)
+      ei = getattr(msg, svc)
+      ei.frameId, ei.type, ei.encodeId, ei.segmentNum = e.frame_id, "fullHEVC", self.encode_id, self.segment
+      ei.segmentId = ei.segmentIdEncode = e.index
+      ei.timestampSof, ei.timestampEof, ei.len = e.timestamp_sof, e.timestamp_eof, e.size
+      ei.flags = KEYFRAME_FLAG if e.keyframe else 0
+      self.encode_id += 1
+      self.out.put((self.segment, svc, msg.to_bytes()))
 
   def _close(self) -> None:
-    if self._container is None: return
-    for p in self._stream.encode(): self._container.mux(p)
-    self._container.close()
-    self._container = None
+    if self._writer is not None: self._index(self._writer.close())
+    self._writer, self.segment = None, None   # after the last index is queued: the main thread may close the segment now
 
   def run(self) -> None:
     try:
       while not self.stop.is_set() and not self.client.connect(blocking=False): self.stop.wait(0.1)
       last = -1
       while not self.stop.is_set():
+        if self.segment is not None and self.segment != self.segments.n: self._close()
         if (buf := self.client.recv(100)) is None:
           if not self.client.is_connected(): self.client.connect(blocking=False)
           continue
-        if buf.frame_id <= last: continue   # pts must increase: a restarted camerad starting over is not recorded twice
-        frame = av.VideoFrame(buf.width, buf.height, "yuv420p")
-        y = np.frombuffer(buf.data, np.uint8)
-        planes = [y[:buf.stride * buf.height].reshape(buf.height, buf.stride)[:, :buf.width],
-                  (uv := y[buf.uv_offset:buf.uv_offset + buf.stride * buf.height // 2].reshape(buf.height // 2, buf.stride))[:, 0:buf.width:2],
-                  uv[:, 1:buf.width:2]]
-        for p, src in zip(frame.planes, planes):
-          np.frombuffer(p, np.uint8).reshape(-1, p.line_size)[:src.shape[0], :src.shape[1]] = src
-        del y, uv, planes
+        if buf.frame_id <= last: continue   # a restarted camerad starting over is not recorded twice
+        frame = picture(buf.array, buf.layout)
         if buf.overwritten():   # camerad reused the buffer while we copied: the copy may mix two frames
           self.torn += 1
           continue
-        if self._container is None or self._segment != self.route.segment or (self._stream.width, self._stream.height) != (buf.width, buf.height):
-          self._open(buf.width, buf.height)
-        frame.pts, frame.time_base, last = buf.frame_id, Fraction(1, 1000), buf.frame_id
-        for p in self._stream.encode(frame): self._container.mux(p)
+        if self._writer is None or (self._writer.width, self._writer.height) != (buf.width, buf.height):
+          self._close()
+          self.segment = self.segments.n
+          self._writer = HevcWriter(self.route.segment_dir(self.segment) / CAMERAS[self.camera].video, buf.width, buf.height, lossless=self.lossless)
+        self._index(self._writer.write(frame, buf.frame_id, buf.timestamp_sof, buf.timestamp_eof))
+        last = buf.frame_id
         self.frames += 1
+        del buf
     except BaseException as e:   # reported by the main thread, which then exits non-zero
       self.error = e
     finally:
       try: self._close()
       finally: self.client.close()
 
-def record(services: list[str], route: Route, flush_seconds: float, stop: StopFlag, seconds: float | None = None,
-           cameras: list[str] = (), server: str = "camerad", codec: str = "h264") -> dict[str, int]:
+def record(services: list[str], path: Path, segment_seconds: float, flush_seconds: float, stop: StopFlag, seconds: float | None = None,
+           cameras: list[str] = (), server: str = "camerad", lossless: bool = False) -> dict[str, int]:
   """Record until stopped; returns the number of messages written per service."""
   poller = messaging.Poller()
   socks = {s: messaging.sub_sock(s, poller=poller) for s in services}
   names = {sock.sock: s for s, sock in socks.items()}
-  cam_stop = threading.Event()
-  recorders = [CameraRecorder(c, server, route, codec, cam_stop) for c in cameras]
+  route, segments, indexes, cam_stop = RouteWriter(path), Segments(segment_seconds), queue.Queue(), threading.Event()
+  route.open_segment(0)
+  recorders = [CameraRecorder(c, server, route, segments, indexes, lossless, cam_stop) for c in cameras]
   for r in recorders: r.start()
   counts, malformed = dict.fromkeys(services, 0), dict.fromkeys(services, 0)
   stats, watchdog = Stats(log, interval=10.0, rate_key="messages"), Watchdog()
-  writer, t_end = LogWriter(route.segment_dir(0) / LOG_NAME), None if seconds is None else time.monotonic() + seconds
-  last_flush = time.monotonic()
-  notify("READY=1", f"STATUS=recording {len(services)} services to {route.path}")
-  log.info("recording %d services%s to %s", len(services), f" and {', '.join(cameras)} video" if cameras else "", route.path)
+  t_end, last_flush, closing = None if seconds is None else time.monotonic() + seconds, time.monotonic(), {}
+  def drain() -> None:
+    while True:
+      try: seg, svc, dat = indexes.get_nowait()
+      except queue.Empty: return
+      route.write(seg if seg in route.logs else segments.n, svc, dat)
+      counts[svc] = counts.get(svc, 0) + 1
+  notify("READY=1", f"STATUS=recording {len(services)} services to {path}")
+  log.info("recording %d services%s to %s", len(services), f" and {', '.join(cameras)} video" if cameras else "", path)
   try:
     while not stop and (t_end is None or time.monotonic() < t_end):
       for sock in poller.poll(100):
@@ -145,24 +121,32 @@ def record(services: list[str], route: Route, flush_seconds: float, stop: StopFl
           if not ok:
             malformed[svc] += 1
             continue
-          writer.write(dat)
+          route.write(segments.n, svc, dat)
           counts[svc] += 1
           stats.count("messages")
-      if route.update():
-        writer.close()
-        writer = LogWriter(route.segment_dir(route.segment) / LOG_NAME)
-        log.info("segment %d", route.segment)
-      elif time.monotonic() - last_flush >= flush_seconds:
-        writer.flush()
+      drain()
+      if segments.update():
+        for n in range(max(route.logs) + 1, segments.n + 1): route.open_segment(n)
+        for n in route.logs:
+          if n < segments.n: closing.setdefault(n, time.monotonic())
+        log.info("segment %d", segments.n)
+      for n, t in list(closing.items()):   # a segment closes once its cameras' files are closed and indexed
+        if all(r.segment != n for r in recorders) or time.monotonic() - t > CLOSE_GRACE_S:
+          drain()
+          route.close_segment(n)
+          del closing[n]
+      if time.monotonic() - last_flush >= flush_seconds:
+        route.flush()
         last_flush = time.monotonic()
       if failed := [r for r in recorders if r.error is not None]:
         raise RuntimeError(f"recording {failed[0].camera} video failed: {failed[0].error!r}")
       watchdog.kick()
       stats.tick()
   finally:
-    writer.close()
     cam_stop.set()
-    for r in recorders: r.join(5)
+    for r in recorders: r.join(10)
+    drain()
+    route.close()
     for sock in socks.values(): sock.close()
   for s, n in malformed.items():
     if n: log.warning("%s: %d malformed messages not recorded", s, n)
@@ -171,35 +155,34 @@ def record(services: list[str], route: Route, flush_seconds: float, stop: StopFl
 
 def main(argv: list[str] | None = None) -> int:
   logged = [s for s, v in SERVICES.items() if v.should_log]
-  ap = argparse.ArgumentParser(prog="modeld-record", description="Record services (and camera streams) into a route of "
-                               "zstd-compressed log segments that LogReader and `camerad --source ROUTE` read back.",
-                               epilog="example: modeld-record --video road,driver --route routes/drive1")
+  ap = argparse.ArgumentParser(prog="modeld-record", description="Record services (and camera streams) into an openpilot route: "
+                               "segments with rlog.zst, qlog.zst and HEVC video, which openpilot's tools, LogReader and "
+                               "`camerad --source ROUTE` read.", epilog="example: modeld-record --video road,driver --route routes/drive1")
   ap.add_argument("services", nargs="*", metavar="SERVICE", help=f"services to record (default: every logged one: {', '.join(logged)})")
   ap.add_argument("--route", type=Path, help="route folder to create (default: OUT/<date>--<time>)")
   ap.add_argument("--out", type=Path, default=Path("routes"), help="where new routes go (default: ./routes)")
-  ap.add_argument("--segment-seconds", type=float, default=60.0, metavar="S", help="segment length (default: 60)")
+  ap.add_argument("--segment-seconds", type=float, default=60.0, metavar="S", help="segment length (default: 60, as openpilot)")
   ap.add_argument("--flush-seconds", type=float, default=0.5, metavar="S", help="a crash loses at most this much of the log (default: 0.5)")
   ap.add_argument("--seconds", type=float, metavar="S", help="stop after S seconds (default: until SIGTERM/SIGINT)")
-  ap.add_argument("--video", metavar="CAMS", help="also record these cameras' frames (comma list of road,wide,driver) as video")
-  ap.add_argument("--codec", choices=list(CODECS), default="h264", help="video codec (default: h264; ffv1 is lossless)")
+  ap.add_argument("--video", metavar="CAMS", help="also record these cameras' frames (comma list of road,wide,driver) as HEVC")
+  ap.add_argument("--lossless", action="store_true", help="lossless HEVC: a replay serves the very same pixels (larger files)")
   ap.add_argument("--camerad-name", default="camerad", help="VisionIPC server name to record from (default: camerad)")
   ap.add_argument("--log-level", default="INFO")
   args = ap.parse_args(argv)
   if bad := [s for s in args.services if s not in SERVICES]: ap.error(f"unknown services {bad}; known: {', '.join(SERVICES)}")
   cameras = args.video.split(",") if args.video else []
-  if bad := [c for c in cameras if c not in CAMERA_STREAMS]: ap.error(f"--video: expected cameras among road, wide, driver; got {bad}")
+  if bad := [c for c in cameras if c not in CAMERAS]: ap.error(f"--video: expected cameras among road, wide, driver; got {bad}")
   if args.segment_seconds <= 0 or args.flush_seconds <= 0: ap.error("--segment-seconds and --flush-seconds must be > 0")
   setup_logging(args.log_level)
   set_process_title("modeld-record")
-  stop = StopFlag()
+  stop, path = StopFlag(), args.route or args.out / datetime.now().strftime("%Y-%m-%d--%H-%M-%S")
   try:
-    route = Route(args.route or args.out / datetime.now().strftime("%Y-%m-%d--%H-%M-%S"), args.segment_seconds)
-    counts = record(args.services or logged, route, args.flush_seconds, stop, args.seconds, cameras, args.camerad_name, args.codec)
+    counts = record(args.services or logged, path, args.segment_seconds, args.flush_seconds, stop, args.seconds, cameras,
+                    args.camerad_name, args.lossless)
   except (OSError, RuntimeError) as e:
     log.error("%s", e)
     return 1
-  log.info("recorded %d messages in %d segments to %s (%s)", sum(counts.values()), route.segment + 1, route.path,
-           ", ".join(f"{s} {n}" for s, n in counts.items() if n) or "nothing")
+  log.info("recorded %d messages to %s (%s)", sum(counts.values()), path, ", ".join(f"{s} {n}" for s, n in counts.items() if n) or "nothing")
   return 0
 
 if __name__ == "__main__":

@@ -1,0 +1,4 @@
+import sys
+from oproute.logreader import main
+
+sys.exit(main())

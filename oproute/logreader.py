@@ -1,0 +1,181 @@
+"""Reading openpilot routes: segments, log files and the events in them, with the LogReader API openpilot users know.
+
+A route is a set of segment folders `<route>--<n>` (n from 0), either inside a route folder (`ROUTE/ROUTE--0/`, as the
+recorder writes) or side by side under one folder (`realdata/<route>--0/`, as on a device). A segment holds its log as
+`rlog` (every event) and `qlog` (decimated), each zstd (`.zst`), bzip2 (`.bz2`) or uncompressed: Cap'n Proto Events
+back to back. A message is self-delimiting (its segment table leads it), so a file cut short by a crash ends in a
+partial message that the framing detects. Bytes that are not a whole, valid Event are reported (file and offset) in
+`warnings`, never yielded; an event of a union member this schema does not know is yielded as an `UnknownEvent`.
+"""
+from __future__ import annotations
+import bz2, logging, re, struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+import zstandard as zstd
+from cereal.messaging import MalformedMessageError, UnknownMemberError, log_from_bytes
+
+logger = logging.getLogger(__name__)
+LOG_NAMES = {"r": ("rlog.zst", "rlog.bz2", "rlog"), "q": ("qlog.zst", "qlog.bz2", "qlog")}
+MAX_SEGMENTS = 512   # Cap'n Proto's own reader limit on segments per message
+ZSTD_MAGIC, BZ2_MAGIC = b"\x28\xb5\x2f\xfd", b"BZh"
+
+@dataclass(frozen=True)
+class UnknownEvent:
+  """An event whose union member this schema does not know (a newer openpilot's): its time, validity and bytes."""
+  logMonoTime: int
+  valid: bool
+  data: bytes
+  def which(self) -> str: return "unknown"
+
+def message_length(buf: bytes | memoryview, pos: int = 0) -> int | None:
+  """Byte length of the Cap'n Proto message at buf[pos:] from its segment table; None if buf ends before the
+  table does or the table is implausible (so: not a message start)."""
+  if len(buf) - pos < 8: return None
+  n = struct.unpack_from("<I", buf, pos)[0] + 1
+  if n > MAX_SEGMENTS: return None
+  head = (4 + 4 * n + 7) // 8 * 8
+  if len(buf) - pos < head: return None
+  return head + 8 * sum(struct.unpack_from(f"<{n}I", buf, pos + 4))
+
+def split_messages(data: bytes) -> tuple[list[tuple[int, bytes]], int]:
+  """(offset, message) for the whole messages back to back in data, and the number of bytes after the last one."""
+  out, pos, mv = [], 0, memoryview(data)
+  while pos < len(data):
+    n = message_length(mv, pos)
+    if n is None or pos + n > len(data): break
+    out.append((pos, data[pos:pos + n]))
+    pos += n
+  return out, len(data) - pos
+
+def read_log_file(path: str | Path) -> tuple[bytes, str | None]:
+  """The decompressed content of a log file (zstd, bzip2 or plain, told by its magic bytes) and a warning when the
+  compressed data ends early or is damaged (what came before it is returned)."""
+  with open(path, "rb") as f:
+    head = f.read(4)
+    f.seek(0)
+    if head == ZSTD_MAGIC:   # one frame (a closed segment) or several (one cut short while recording)
+      chunks, r = [], zstd.ZstdDecompressor().stream_reader(f, read_across_frames=True)
+      try:
+        while chunk := r.read(1 << 20): chunks.append(chunk)
+      except zstd.ZstdError as e:
+        return b"".join(chunks), f"compressed data is damaged after {sum(map(len, chunks))} bytes ({e})"
+      return b"".join(chunks), None
+    data = f.read()
+  if not head.startswith(BZ2_MAGIC): return data, None
+  d, out = bz2.BZ2Decompressor(), []
+  try:
+    while data:
+      out.append(d.decompress(data))
+      data = d.unused_data if d.eof else b""
+      if d.eof and data: d = bz2.BZ2Decompressor()
+  except OSError as e: return b"".join(out), f"compressed data is damaged after {sum(map(len, out))} bytes ({e})"
+  return b"".join(out), None if d.eof else f"compressed data ends early after {sum(map(len, out))} bytes"
+
+def segment_number(p: Path) -> int:
+  m = re.search(r"--(\d+)$", p.name)
+  return int(m.group(1)) if m else -1
+
+def segment_log(seg: Path, mode: str = "r") -> Path | None:
+  """The segment's log file: mode 'r' rlog, 'q' qlog, 'a' rlog if there is one, else qlog."""
+  for kind in ("rq" if mode == "a" else mode):
+    for name in LOG_NAMES[kind]:
+      if (seg / name).is_file(): return seg / name
+  return None
+
+def segment_dirs(path: str | Path) -> list[Path]:
+  """The segment folders of a route, in order: PATH itself if it is a segment, the segments inside PATH (a route
+  folder), or the folders PATH--<n> beside it (a device's layout, PATH naming the route)."""
+  p = Path(path)
+  if p.is_dir() and segment_log(p, "a"): return [p]
+  inside = [d for d in p.iterdir() if d.is_dir() and segment_number(d) >= 0] if p.is_dir() else []
+  beside = [d for d in p.parent.glob(f"{p.name}--*") if d.is_dir() and segment_number(d) >= 0 and d.name[:d.name.rindex("--")] == p.name] \
+    if p.parent.is_dir() else []
+  segs = sorted((d for d in inside or beside if segment_log(d, "a")), key=segment_number)
+  if not segs:
+    raise FileNotFoundError(f"{p}: expected a log file, a segment folder (<route>--<n>/ with rlog or qlog), a route folder "
+                            f"holding segments, or a route name whose segments sit beside it; found none")
+  return segs
+
+def log_files(identifier: str | Path | list, mode: str = "r") -> list[Path]:
+  """The log files of log files, segments and routes, in order (a segment without the mode's log is an error)."""
+  if isinstance(identifier, (list, tuple)): return [f for i in identifier for f in log_files(i, mode)]
+  p = Path(identifier)
+  if p.is_file(): return [p]
+  if not p.exists() and not p.parent.is_dir(): raise FileNotFoundError(f"{p}: no such log, segment or route")
+  files = [(d, segment_log(d, mode)) for d in segment_dirs(p)]
+  if missing := [d.name for d, f in files if f is None]:
+    raise FileNotFoundError(f"{p}: no {'/'.join(LOG_NAMES[mode[0]]) if mode != 'a' else 'log'} in segment(s) {', '.join(missing)} "
+                            f"(mode {mode!r}; 'a' falls back to the qlog)")
+  return [f for _, f in files]
+
+class LogReader:
+  """Events of log files, segments or routes (one, or a list), segment after segment.
+
+  As openpilot's: `for ev in LogReader(path)`, `lr.filter('carState')` (the inner messages), `lr.first('initData')`,
+  `LogReader.from_bytes(dat)`; `default_mode` 'r' (rlogs), 'q' (qlogs) or 'a' (rlog, else qlog); `sort_by_time` orders
+  each file's events by logMonoTime; `only_union_types` leaves out events of members this schema does not know.
+  Added: `raw()` yields (bytes, event), the bytes exactly as logged; `warnings` lists what could not be read."""
+  def __init__(self, identifier: str | Path | list, default_mode: str = "r", sort_by_time: bool = False, only_union_types: bool = False):
+    if default_mode not in ("r", "q", "a"): raise ValueError(f"default_mode must be 'r', 'q' or 'a', got {default_mode!r}")
+    self.files = log_files(identifier, default_mode) if identifier is not None else []
+    self.sort_by_time, self.only_union_types, self.warnings, self._data = sort_by_time, only_union_types, [], None
+
+  @classmethod
+  def from_bytes(cls, dat: bytes, **kwargs) -> LogReader:
+    lr = cls(None, **kwargs)
+    lr._data = dat
+    return lr
+
+  def _warn(self, msg: str) -> None:
+    self.warnings.append(msg)
+    logger.warning("%s", msg)
+
+  def _events(self, name: str, data: bytes) -> Iterator[tuple[bytes, object]]:
+    msgs, rest = split_messages(data)
+    if rest: self._warn(f"{name}: {rest} bytes from offset {len(data) - rest} are not a whole message (cut short, or not a log); "
+                        f"read the {len(msgs)} messages before them")
+    out = []
+    for off, dat in msgs:
+      try: ev = log_from_bytes(dat)
+      except UnknownMemberError as e:
+        if self.only_union_types: continue
+        ev = UnknownEvent(e.logMonoTime, e.valid, dat)
+      except MalformedMessageError as e:
+        self._warn(f"{name}: message at offset {off} skipped: {e}")
+        continue
+      out.append((dat, ev))
+    if self.sort_by_time: out.sort(key=lambda x: x[1].logMonoTime)
+    yield from out
+
+  def raw(self) -> Iterator[tuple[bytes, object]]:
+    if self._data is not None: yield from self._events("<bytes>", self._data)
+    for f in self.files:
+      data, problem = read_log_file(f)
+      if problem: self._warn(f"{f}: {problem}")
+      yield from self._events(str(f), data)
+
+  def __iter__(self) -> Iterator[object]:
+    for _, ev in self.raw(): yield ev
+
+  def filter(self, msg_type: str) -> Iterator[object]:
+    return (getattr(ev, msg_type) for ev in self if ev.which() == msg_type)
+
+  def first(self, msg_type: str):
+    return next(self.filter(msg_type), None)
+
+def main(argv: list[str] | None = None) -> int:
+  import argparse
+  ap = argparse.ArgumentParser(prog="python -m oproute", description="Summarise a route, segment or log file: events per service and time span.")
+  ap.add_argument("path", nargs="+", help="log file (rlog/qlog, .zst/.bz2/plain), segment folder, route folder or route name")
+  ap.add_argument("--mode", choices=["r", "q", "a"], default="a", help="r: rlogs, q: qlogs, a: rlog where there is one (default)")
+  args = ap.parse_args(argv)
+  counts: dict[str, int] = {}
+  t0 = t1 = None
+  lr = LogReader(args.path, args.mode)
+  for ev in lr:
+    counts[ev.which()] = counts.get(ev.which(), 0) + 1
+    t0, t1 = min(t0 or ev.logMonoTime, ev.logMonoTime), max(t1 or 0, ev.logMonoTime)
+  for s, n in sorted(counts.items()): print(f"{s:24s} {n}")
+  if t0 is not None: print(f"{sum(counts.values())} events over {(t1 - t0) / 1e9:.2f} s in {len(lr.files)} file(s)")
+  return 1 if lr.warnings else 0

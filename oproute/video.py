@@ -1,0 +1,203 @@
+"""Camera video in openpilot routes: one HEVC file per camera per segment (fcamera.hevc road, ecamera.hevc wide road,
+dcamera.hevc driver), tied to frame ids by EncodeIndex events (roadEncodeIdx, ...): frame `frameId` is picture
+`segmentId` (presentation order) of segment `segmentNum`'s file.
+
+Decoding goes straight into NV12 buffers of any layout; encoding writes a raw HEVC stream with no B-frames (decode
+order is presentation order, as openpilot's encoder) and a keyframe first in every file.
+"""
+from __future__ import annotations
+from collections import Counter
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Iterator
+import av
+import numpy as np
+from cereal.services import CAMERAS
+from msgq.visionipc.layout import NV12Layout
+from oproute.logreader import segment_number
+
+MAX_BAD_PACKETS = 100     # consecutive undecodable packets before a video counts as undecodable, not merely damaged
+DEFAULT_FPS = 20.0
+KEYFRAME_FLAG = 0x8       # EncodeIndex.flags of a keyframe (V4L2's keyframe buffer flag, as openpilot's encoder sets)
+ENCODE_IDX_OF = {c.encode_idx: name for name, c in CAMERAS.items()}
+
+class VideoError(Exception):
+  """A video that cannot be served: the message names the file and what is wrong."""
+
+def fill_frame(frame: av.VideoFrame, out: np.ndarray, layout: NV12Layout) -> None:
+  """Write a decoded frame into an NV12 buffer of `layout`: planar 4:2:0 straight from the decoder's planes (Y copied,
+  U and V interleaved in place), anything else through PyAV's reformat to NV12 first."""
+  if (frame.width, frame.height) != (layout.width, layout.height):
+    raise ValueError(f"frame is {frame.width}x{frame.height}, the stream's buffers are {layout.width}x{layout.height}")
+  y, u, v = layout.planes(out)
+  def plane(i: int, h: int, w: int) -> np.ndarray:
+    p = frame.planes[i]
+    return np.frombuffer(p, np.uint8).reshape(-1, p.line_size)[:h, :w]
+  h, w = layout.height, layout.width
+  if frame.format.name != "yuv420p": frame = frame.reformat(format="nv12")
+  y[...] = plane(0, h, w)
+  if frame.format.name == "nv12":
+    uv = plane(1, h // 2, w)
+    u[...], v[...] = uv[:, 0::2], uv[:, 1::2]
+  else:
+    u[...], v[...] = plane(1, h // 2, w // 2), plane(2, h // 2, w // 2)
+
+class VideoDecoder:
+  """Decoded frames of one video file or V4L2 device. Damaged packets are skipped and counted in `skipped`; so many in
+  a row that nothing decodes is a VideoError."""
+  def __init__(self, path: str | Path, skipped: Counter, fmt: str | None = None, options: dict | None = None):
+    self.path, self.skipped = str(path), skipped
+    try: self.container = av.open(self.path, format=fmt, options=options or {})
+    except (av.FFmpegError, OSError) as e: raise VideoError(f"{path}: cannot open as video ({e})") from None
+    if not self.container.streams.video:
+      self.container.close()
+      raise VideoError(f"{path}: no video stream (streams: {[s.type for s in self.container.streams] or 'none'})")
+    self.stream = st = self.container.streams.video[0]
+    st.thread_type = "AUTO"
+    self.width, self.height = st.codec_context.width, st.codec_context.height
+    if self.width <= 0 or self.height <= 0 or self.width % 2 or self.height % 2:
+      self.container.close()
+      raise VideoError(f"{path}: video is {self.width}x{self.height}; NV12 buffers need a positive even width and height")
+    rate = st.average_rate or st.guessed_rate or st.base_rate
+    self.fps = float(rate) if rate and 0 < float(rate) < 1000 else DEFAULT_FPS
+
+  def frames(self) -> Iterator[av.VideoFrame]:
+    bad = 0
+    packets = self.container.demux(self.stream)
+    while True:
+      try: packet = next(packets)
+      except StopIteration: break
+      except av.FFmpegError as e:   # a container cut short or damaged past repair: the frames so far are all there is
+        self.skipped[f"{self.path}: unreadable from here ({e})"] += 1
+        break
+      try: decoded = packet.decode()
+      except av.FFmpegError as e:
+        bad += 1
+        self.skipped[f"{self.path}: undecodable packet ({type(e).__name__})"] += 1
+        if bad >= MAX_BAD_PACKETS: raise VideoError(f"{self.path}: {bad} packets in a row failed to decode ({e})") from None
+        continue
+      for frame in decoded:
+        bad = 0
+        if (frame.width, frame.height) != (self.width, self.height):
+          self.skipped[f"{self.path}: frame of {frame.width}x{frame.height} in a {self.width}x{self.height} stream"] += 1
+          continue
+        yield frame
+
+  def close(self) -> None: self.container.close()
+
+class EncodeIndex:
+  """Where each camera's frames are: {camera: {frameId: (segmentNum, segmentId)}}, from a route's EncodeIndex events
+  (full-resolution HEVC ones only; a qcamera index is another file)."""
+  def __init__(self):
+    self.frames: dict[str, dict[int, tuple[int, int]]] = {}
+
+  def add(self, ev) -> bool:
+    """Take ev if it is an EncodeIndex event of a camera's HEVC file; True if it was one."""
+    if (cam := ENCODE_IDX_OF.get(ev.which())) is None: return False
+    e = getattr(ev, ev.which())
+    if e.type == "fullHEVC": self.frames.setdefault(cam, {})[e.frameId] = (e.segmentNum, e.segmentId)
+    return True
+
+class CameraVideo:
+  """One camera's frames of a route by frame id, decoded in file order: `frame(frame_id)` for increasing ids, each
+  the decoded picture or None (not in the video: counted in `skipped`). segments: {segmentNum: segment folder}."""
+  def __init__(self, camera: str, segments: dict[int, Path], index: dict[int, tuple[int, int]], skipped: Counter):
+    self.camera, self.segments, self.index, self.skipped = camera, segments, index, skipped
+    self._seg, self._n, self._frames, self._dec = None, -1, iter(()), None
+
+  @classmethod
+  def of(cls, camera: str, logs: list[Path], index: EncodeIndex, skipped: Counter) -> CameraVideo | None:
+    """The camera's video in the segments of these log files (None if the index has none of its frames)."""
+    if camera not in index.frames: return None
+    segs = {segment_number(f.parent): f.parent for f in logs}
+    if -1 in segs: segs = {n: segs[-1] for n, _ in index.frames[camera].values()}   # a lone log file: its video beside it
+    return cls(camera, segs, index.frames[camera], skipped)
+
+  def files(self) -> list[Path]:
+    return [f for n in sorted({s for s, _ in self.index.values()}) if n in self.segments and (f := self.segments[n] / CAMERAS[self.camera].video).is_file()]
+
+  def size(self) -> tuple[int, int]:
+    """(width, height) of the first video file; VideoError if there is none that opens."""
+    if not (files := self.files()): raise VideoError(f"no {CAMERAS[self.camera].video} for the {self.camera} camera's indexed frames")
+    d = VideoDecoder(files[0], self.skipped)
+    d.close()
+    return d.width, d.height
+
+  def _open(self, seg: int) -> None:
+    self.close()
+    self._seg, self._n, self._frames = seg, -1, iter(())
+    path = self.segments.get(seg, Path(f"<segment {seg}>")) / CAMERAS[self.camera].video
+    try:
+      self._dec = VideoDecoder(path, self.skipped)
+      self._frames = self._dec.frames()
+    except VideoError as e: self.skipped[str(e)] += 1
+
+  def frame(self, frame_id: int) -> av.VideoFrame | None:
+    if (where := self.index.get(frame_id)) is None:
+      self.skipped[f"{self.camera}: frame {frame_id} has no {CAMERAS[self.camera].encode_idx}"] += 1
+      return None
+    seg, i = where
+    if seg != self._seg:
+      if self._seg is not None and seg < self._seg: return self._missing(frame_id)
+      self._open(seg)
+    while self._n < i:
+      if (f := next(self._frames, None)) is None: return self._missing(frame_id)
+      self._n += 1
+      if self._n == i: return f
+    return self._missing(frame_id)   # asked for a picture already passed
+
+  def _missing(self, frame_id: int) -> None:
+    self.skipped[f"{self.camera} frame missing from the video"] += 1
+    return None
+
+  def close(self) -> None:
+    if self._dec is not None: self._dec.close()
+    self._dec = None
+
+@dataclass
+class EncodedFrame:
+  frame_id: int
+  index: int        # in the file, presentation (= encode) order
+  size: int         # bytes
+  keyframe: bool
+  timestamp_sof: int
+  timestamp_eof: int
+
+def picture(buf: np.ndarray, layout: NV12Layout) -> av.VideoFrame:
+  """A planar 4:2:0 copy of the NV12 picture in buf (of layout), for an encoder."""
+  frame = av.VideoFrame(layout.width, layout.height, "yuv420p")
+  for p, src in zip(frame.planes, layout.planes(buf)):
+    np.frombuffer(p, np.uint8).reshape(-1, p.line_size)[:src.shape[0], :src.shape[1]] = src
+  return frame
+
+class HevcWriter:
+  """A raw HEVC file (libx265, no B-frames, a keyframe every `keyint` frames and first). write() returns the frames
+  whose packets came out, for their EncodeIndex events; close() returns the rest. lossless: x265's lossless mode (a
+  replay serves the very same pixels)."""
+  def __init__(self, path: Path, width: int, height: int, fps: float = DEFAULT_FPS, keyint: int = 20, lossless: bool = False):
+    self.container = av.open(str(path), "w", format="hevc")
+    st = self.stream = self.container.add_stream("libx265", rate=Fraction(round(fps * 1000), 1000))
+    st.width, st.height, st.pix_fmt = width, height, "yuv420p"
+    params = f"log-level=error:bframes=0:keyint={keyint}:min-keyint={keyint}:scenecut=0" + (":lossless=1" if lossless else "")
+    st.codec_context.options = {"preset": "ultrafast", "tune": "zerolatency", "x265-params": params}
+    self.width, self.height, self.n, self.meta = width, height, 0, {}
+
+  def write(self, frame: av.VideoFrame, frame_id: int, sof: int, eof: int) -> list[EncodedFrame]:
+    frame.pts = self.n
+    self.meta[self.n] = (frame_id, sof, eof)
+    self.n += 1
+    return self._mux(self.stream.encode(frame))
+
+  def _mux(self, packets) -> list[EncodedFrame]:
+    out = []
+    for p in packets:
+      fid, sof, eof = self.meta.pop(p.pts)
+      out.append(EncodedFrame(fid, p.pts, p.size, p.is_keyframe, sof, eof))
+      self.container.mux(p)
+    return out
+
+  def close(self) -> list[EncodedFrame]:
+    out = self._mux(self.stream.encode())
+    self.container.close()
+    return out

@@ -1,0 +1,95 @@
+"""Writing openpilot routes: ROUTE/ROUTE--<n>/ segments with rlog.zst (every event) and qlog.zst (every Nth event of a
+service, N its qlog decimation in the services table), initData first in both.
+
+While a segment is written its logs are a sequence of zstd frames, one ended every flush, so a crash loses at most
+what came since the last flush. Closing a segment rewrites each log as one zstd frame that records its size, which
+any zstd decoder reads, one-shot ones included (openpilot's LogReader decompresses a file in one call). The log of a
+segment cut short by a crash stays a sequence of frames: a streaming decoder (this package's LogReader, `zstd -d`)
+reads it; `finalize` turns it into one frame.
+"""
+from __future__ import annotations
+import os, platform, time
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+import zstandard as zstd
+from cereal import messaging
+from cereal.services import SERVICES
+from oproute.logreader import read_log_file
+
+FINAL_LEVEL = 10   # zstd level of a closed segment's logs (openpilot's); 3 while recording, for speed
+
+def init_data() -> bytes:
+  """The initData event that starts every log: this machine and software, and the wall clock."""
+  msg = messaging.new_message("initData")
+  d = msg.initData
+  d.deviceType, d.wallTimeNanos = "pc", time.time_ns()
+  d.kernelVersion, d.osVersion = platform.release(), platform.platform()
+  try: d.version = version("tinymodeld")
+  except PackageNotFoundError: pass
+  return msg.to_bytes()
+
+def finalize(path: Path) -> None:
+  """Rewrite a zstd log as one frame with its content size, atomically (a crash meanwhile leaves the old file)."""
+  data, problem = read_log_file(path)
+  if problem: raise OSError(f"{path}: {problem}")
+  tmp = path.with_name(path.name + ".tmp")
+  with open(tmp, "wb") as f:
+    f.write(zstd.ZstdCompressor(level=FINAL_LEVEL, write_checksum=True).compress(data))
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+class LogFile:
+  """One zstd log being written: write() compresses, flush() ends a frame and hands it to the OS (from then on it
+  survives a crash), close() finalizes it."""
+  def __init__(self, path: Path):
+    self.path, self.f = path, open(path, "wb")
+    self.z = zstd.ZstdCompressor(level=3, write_checksum=True).stream_writer(self.f, closefd=False)
+
+  def write(self, dat: bytes) -> None: self.z.write(dat)
+
+  def flush(self) -> None:
+    self.z.flush(zstd.FLUSH_FRAME)
+    self.f.flush()
+
+  def close(self) -> None:
+    self.z.close()
+    self.f.close()
+    finalize(self.path)
+
+class RouteWriter:
+  """A new route folder; segments open and close as the caller says. Messages go to a segment's rlog, and to its qlog
+  as the services table's decimation says (counted over the whole route, as openpilot's logger does)."""
+  def __init__(self, path: Path):
+    self.path = Path(path)
+    self.path.mkdir(parents=True, exist_ok=True)
+    if any(self.path.glob(f"{self.path.name}--*")): raise FileExistsError(f"route {self.path} already has segments; choose a new route folder")
+    self.logs: dict[int, tuple[LogFile, LogFile]] = {}
+    self.qlog_count: dict[str, int] = {}
+
+  def segment_dir(self, n: int) -> Path: return self.path / f"{self.path.name}--{n}"
+
+  def open_segment(self, n: int) -> Path:
+    d = self.segment_dir(n)
+    d.mkdir(exist_ok=True)
+    self.logs[n] = LogFile(d / "rlog.zst"), LogFile(d / "qlog.zst")
+    init = init_data()
+    for f in self.logs[n]: f.write(init)
+    return d
+
+  def write(self, n: int, service: str, dat: bytes) -> None:
+    rlog, qlog = self.logs[n]
+    rlog.write(dat)
+    if (dec := SERVICES[service].decimation) is not None:
+      if self.qlog_count.get(service, 0) % dec == 0: qlog.write(dat)
+      self.qlog_count[service] = self.qlog_count.get(service, 0) + 1
+
+  def flush(self) -> None:
+    for logs in self.logs.values():
+      for f in logs: f.flush()
+
+  def close_segment(self, n: int) -> None:
+    for f in self.logs.pop(n): f.close()
+
+  def close(self) -> None:
+    for n in list(self.logs): self.close_segment(n)
