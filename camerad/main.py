@@ -7,14 +7,15 @@ id and SOF/EOF timestamps (monotonic ns). All streams of one tick share the fram
 from __future__ import annotations
 import argparse, logging, sys, time
 from common.service import Stats, StopFlag, Watchdog, notify, set_process_title, setup_logging
-from cereal import messaging
-from cereal.services import CAMERA_STATE_SERVICES, SERVICES
+from cereal import log as capnp_log, messaging
+from cereal.services import CAMERA_OF_STREAM as CAMERA_OF, CAMERA_STATE_SERVICES, SERVICES
 from msgq import IpcError
-from msgq.visionipc import DRIVER, NV12Layout, VisionIpcServer
-from camerad.sources import CAMERA_OF, STREAMS, Source, SourceError, Tick, open_source
+from msgq.visionipc import DRIVER, ROAD, WIDE_ROAD, NV12Layout, VisionIpcServer
+from oproute.video import VideoError
+from camerad.sources import STREAMS, Source, SourceError, Tick, open_source
 
 log = logging.getLogger("camerad")
-SENSORS = set(messaging.log.ImageSensor.schema.enumerants)
+SENSORS = set(capnp_log.FrameData.ImageSensor.schema.enumerants)
 BEHIND_RESET_S = 0.5   # real-time pacing that falls this far behind starts counting from now again
 
 EPILOG = """sources (--source, repeatable for video files):
@@ -25,8 +26,10 @@ EPILOG = """sources (--source, repeatable for video files):
                          CAM: road (the default), wide or driver; one file per camera, e.g.
                          --source road=front.mp4 --source wide=wide.mkv --source driver=cabin.ts
   [CAM=]/dev/videoN      a V4L2 device (webcam), paced by the device
-  LOG                    a route folder, segment folder or rlog.zst written by modeld-record: replays its messages
-                         and, where the cameras were recorded as video, their frames
+  LOG [LOG...]           openpilot routes (a route folder, or a route name whose <route>--<n> segments sit beside
+                         it), segment folders or rlog/qlog files (.zst, .bz2 or plain), as openpilot and
+                         modeld-record write them: replays the messages and the cameras' frames from their HEVC
+                         video (fcamera, ecamera, dcamera), matched to the camera states by the EncodeIdx events
 
 pacing: real time at the source's rate by default; --fps F for a fixed rate; --lockstep sends a frame only once the
 daemons published their outputs for the previous one (deterministic, nothing lost however slow the machine).
@@ -35,7 +38,8 @@ examples:
   camerad --source synthetic:straight --frames 100
   camerad --source synthetic:lead_braking --lockstep --layout aligned
   camerad --source road=drive.mp4 --loop --fps 20
-  camerad --source routes/2026-11-30--04-00-00
+  camerad --source routes/2026-11-30--04-00-00 --lockstep
+  camerad --source realdata/2026-11-30--04-00-00--3 realdata/2026-11-30--04-00-00--4
 """
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -46,6 +50,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
   ap.add_argument("--cameras", metavar="LIST", help="synthetic only: comma-separated subset of road,wide,driver to serve")
   ap.add_argument("--services", metavar="LIST", help="LOG only: comma-separated services to republish "
                   "(default: every recorded one except the daemons' outputs)")
+  ap.add_argument("--messages-only", action="store_true", help="LOG only: republish the messages without serving any camera")
   pace = ap.add_mutually_exclusive_group()
   pace.add_argument("--fps", type=float, help="serve at this fixed rate instead of the source's")
   pace.add_argument("--lockstep", action="store_true", help="send each frame after the daemons answered the previous one")
@@ -119,18 +124,30 @@ class Pacer:
 
 class LockstepTimeout(Exception): pass
 
+DRIVER_ANSWERS = ("driverStateV2", "driverMonitoringState")   # answer a driver frame; any other service a road frame
+# messages and frames travel on separate sockets: in lockstep, the messages that come before a frame get this long to be
+# taken in by the daemons (idle, waiting for that frame) before the frame goes out, so they apply to it and not later
+LOCKSTEP_SETTLE_S = 0.005
+LOCKSTEP_READERS_S = 2.   # at most this long for the daemons to subscribe to what camerad publishes, before frame 1
+
 class Lockstep:
   """Waits for the daemons' outputs (frameId == the frame just sent) before the next frame is sent."""
   def __init__(self, services: list[str] | None, streams, timeout: float, stop: StopFlag, idle=lambda: None):
     self.explicit, self.timeout, self.stop, self.idle, self.socks = services, timeout, stop, idle, {}
-    if not self.services_for(streams): raise SourceError("--lockstep: the source serves no camera stream, nothing to wait for")
+    self.main = ROAD if ROAD in streams else WIDE_ROAD   # modeld's main camera: its frames are the ones modelV2 answers
+    if not self.answers(streams): raise SourceError("--lockstep: the source serves no camera stream, nothing to wait for")
 
-  def services_for(self, streams) -> list[str]:
-    """What answers a frame of these streams: modeld (road, wide) and dmonitoringd (driver), unless given."""
-    return self.explicit or (["modelV2"] if set(streams) - {DRIVER} else []) + (["driverStateV2"] if DRIVER in streams else [])
+  def answers(self, streams) -> dict[str, int]:
+    """What answers a frame of these streams, and the stream whose frame id it carries: modeld's modelV2 the main
+    camera's frame, dmonitoringd's driverStateV2 the driver's (or the --lockstep-services given)."""
+    services = self.explicit or ["modelV2", "driverStateV2"]
+    out = {s: DRIVER if s in DRIVER_ANSWERS else self.main for s in services}
+    return {s: stream for s, stream in out.items() if stream in streams}
 
-  def wait_for_clients(self, server: VisionIpcServer, streams) -> None:
-    """Before the first frame: a frame sent before a daemon's client subscribed would never be answered."""
+  def wait_for_clients(self, server: VisionIpcServer, streams, pm) -> None:
+    """Before the first frame: a frame sent before a daemon's client subscribed would never be answered, and messages
+    sent before its subscriptions reach camerad's publishers would be lost (a log's calibration, say). Publishers no
+    daemon subscribes to within LOCKSTEP_READERS_S are not waited for."""
     deadline = time.monotonic() + self.timeout
     while not self.stop and not all(server.has_readers(s) for s in streams):
       if time.monotonic() > deadline:
@@ -138,13 +155,19 @@ class Lockstep:
         raise LockstepTimeout(f"--lockstep: no VisionIPC client for {', '.join(missing)} within {self.timeout:g} s: is the daemon running?")
       self.idle()
       time.sleep(0.01)
+    readers_deadline = time.monotonic() + LOCKSTEP_READERS_S
+    while not self.stop and time.monotonic() < readers_deadline and not all(pm.all_readers_updated(s) for s in pm.sock):
+      self.idle()
+      time.sleep(0.01)
     # subscribe now: a daemon's publisher is normally up once its camera client is, and a subscription to a running
     # publisher is live when sub_sock returns, so the answer to the first frame cannot slip by while connecting
-    self.socks = {s: messaging.sub_sock(s, timeout=100) for s in self.services_for(streams)}   # not conflated: no answer is missed
+    self.socks = {s: messaging.sub_sock(s, timeout=100) for s in self.answers(streams)}   # not conflated: no answer is missed
 
-  def wait(self, frame_id: int, services: list[str]) -> None:
+  def wait(self, frame_ids: dict[int, int]) -> None:
+    """frame_ids: the frame just sent on each stream."""
     deadline = time.monotonic() + self.timeout
-    for svc in services:
+    for svc, stream in self.answers(frame_ids).items():
+      frame_id = frame_ids[stream]
       while not self.stop:
         self.idle()   # a slow daemon is not a hung camerad: keep the service manager's watchdog fed
         if (dat := self.socks[svc].receive()) is not None:
@@ -159,11 +182,11 @@ class Lockstep:
   def close(self) -> None:
     for s in self.socks.values(): s.close()
 
-def camera_state(svc: str, frame_id: int, sof: int, eof: int, sensor: str, w: int, h: int, recorded=None):
+def camera_state(svc: str, frame_id: int, sof: int, eof: int, sensor: str, recorded=None):
   msg = messaging.new_message(svc)
   if recorded is not None: setattr(msg, svc, recorded)   # keep the recorded fields; this run's id and times below
   st = getattr(msg, svc)
-  st.frameId, st.timestampSof, st.timestampEof, st.width, st.height = frame_id, sof, eof, w, h
+  st.frameId, st.timestampSof, st.timestampEof = frame_id, sof, eof
   st.sensor = sensor if sensor in SENSORS else "unknown"
   st.processingTime = (time.monotonic_ns() - eof) / 1e9
   return msg
@@ -181,7 +204,7 @@ def serve(args: argparse.Namespace, source: Source, stop: StopFlag) -> int:
     log.info("serving %s as %r: %s", ", ".join(args.source), args.name,
              ", ".join(f"{CAMERA_OF[s]} {l}" for s, l in layouts.items()) or "messages only")
     notify("READY=1", f"STATUS=serving {', '.join(CAMERA_OF[s] for s in layouts)}")
-    if lock is not None: lock.wait_for_clients(server, list(layouts))
+    if lock is not None: lock.wait_for_clients(server, list(layouts), pm)
     return run(args, source, server, pm, lock, layouts, stop, watchdog)
   finally:
     if lock is not None: lock.close()
@@ -193,7 +216,8 @@ def run(args, source: Source, server: VisionIpcServer, pm, lock, layouts: dict, 
   stats = Stats(log, interval=10.0)
   pacer = Pacer(stop, args.fps, source.fps, free=args.lockstep or source.live, idle=watchdog.kick)
   served, last_id, t0 = 0, None, time.monotonic()
-  done = False
+  last_ids: dict[int, int] = {}   # lockstep: each stream's frame ids are consecutive (a frame after a gap gets no answer)
+  done = sent_msgs = False
   while not done and not stop:
     offset, any_frame = None, False   # a new pass continues the frame ids where the last one ended
     for tick in source.ticks(args.start):
@@ -202,9 +226,12 @@ def run(args, source: Source, server: VisionIpcServer, pm, lock, layouts: dict, 
       for svc, dat in tick.msgs:
         if not isinstance(dat, bytes): dat.logMonoTime = time.monotonic_ns()   # built ahead of pacing: stamp when sent
         pm.send(svc, dat)
+        sent_msgs = True
       if not tick.frames: continue
+      if lock is not None and sent_msgs: time.sleep(LOCKSTEP_SETTLE_S)
+      sent_msgs = False
       if offset is None: offset = 0 if last_id is None else last_id + 1 - tick.index
-      frame_id = tick.index + offset if not args.lockstep or last_id is None else last_id + 1
+      ids = {s: last_ids[s] + 1 if args.lockstep and s in last_ids else tick.index + offset for s in tick.frames}
       sof, bufs = time.monotonic_ns(), {}
       for s, fill in tick.frames.items():
         buf = server.get_free_buffer(s)
@@ -215,17 +242,18 @@ def run(args, source: Source, server: VisionIpcServer, pm, lock, layouts: dict, 
           source.skipped[f"{CAMERA_OF[s]}: {e}"] += 1
       eof = time.monotonic_ns()
       for s, buf in bufs.items():
-        server.publish(s, buf, frame_id, sof, eof)
+        server.publish(s, buf, ids[s], sof, eof)
         svc = CAMERA_STATE_SERVICES[s]
-        pm.send(svc, camera_state(svc, frame_id, sof, eof, source.sensor[s], buf.width, buf.height, tick.states.get(s)))
+        pm.send(svc, camera_state(svc, ids[s], sof, eof, source.sensor[s], tick.states.get(s)))
       bufs_streams = list(bufs)
       del buf, bufs   # no view of a shared buffer outlives its frame
-      any_frame, last_id, served = True, frame_id, served + 1
+      last_ids.update((s, ids[s]) for s in bufs_streams)
+      any_frame, last_id, served = True, max(ids.values()), served + 1
       stats.count("frames")
       stats.timing("fill", (eof - sof) / 1e9)
       watchdog.kick()
       stats.tick()
-      if lock is not None and bufs_streams: lock.wait(frame_id, lock.services_for(bufs_streams))
+      if lock is not None and bufs_streams: lock.wait({s: ids[s] for s in bufs_streams})
       if args.frames is not None and served >= args.frames:
         done = True
         break
@@ -245,9 +273,9 @@ def main(argv: list[str] | None = None) -> int:
   set_process_title("camerad")
   stop = StopFlag()
   try:
-    source = open_source(args.source, args.cameras, args.services)
+    source = open_source(args.source, args.cameras, args.services, args.messages_only)
     return serve(args, source, stop)
-  except (SourceError, LockstepTimeout, IpcError) as e:
+  except (SourceError, VideoError, LockstepTimeout, IpcError) as e:
     log.error("%s", e)
     return 1
 

@@ -5,7 +5,9 @@ until main.sof < extra.sof + 25 ms; more than 10 ms apart is out of sync. One ca
 25 ms ahead is used when no newer one comes within 25 ms: a camera faster than 40 Hz would have sent one, so this is a
 lockstep camera waiting for the answer to this frame, which openpilot would wait for forever.
 Drops: dropped = max(0, frame_id - last_frame_id - 1); a first-order filter (10 s, step 1/20 s) of min(dropped, 10),
-held at 0 for the first 10 runs, gives f; frameDropPerc = 100 f / (1 + f). A frame after any drop is prepare-only.
+held at 0 for the first 10 runs, gives f; frameDropPerc = 100 f / (1 + f). A frame after any drop is prepare-only. The
+first frame of a camera session follows no frame, so nothing was dropped before it (openpilot counts from frame id 0,
+which would make a replay that starts mid-route skip its first frame and a lockstep camera wait for it forever).
 """
 from __future__ import annotations
 from typing import Callable, Protocol
@@ -49,11 +51,11 @@ class FrameSync:
 class FrameDrops:
   """update(frame_id) -> frames dropped before this one; frame_drop_perc is the filtered percentage."""
   def __init__(self):
-    self.last_frame_id, self.runs, self.x, self.frame_drop_perc = 0, 0, 0., 0.
+    self.last_frame_id, self.runs, self.x, self.frame_drop_perc = None, 0, 0., 0.
     self.alpha = DROP_FILTER_DT / (DROP_FILTER_RC + DROP_FILTER_DT)
 
   def update(self, frame_id: int) -> int:
-    dropped = max(0, frame_id - self.last_frame_id - 1)
+    dropped = 0 if self.last_frame_id is None else max(0, frame_id - self.last_frame_id - 1)
     self.x = (1 - self.alpha) * self.x + self.alpha * min(dropped, DROP_MAX)
     if self.runs < DROP_WARMUP_RUNS: self.x = 0.   # the first frames after a (re)start: no drop history yet
     self.runs += 1

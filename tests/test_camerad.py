@@ -11,9 +11,10 @@ from cereal import messaging
 from cereal.services import CAMERA_STATE_SERVICES
 from msgq import runtime_dir
 from msgq.visionipc import DRIVER, ROAD, WIDE_ROAD, NV12Layout, VisionIpcClient
-from camerad.render import SceneRenderer, nv12_planes
+from camerad.render import SceneRenderer
 from camerad.scene import load_scene
-from tools.logreader import LogReader, segment_dirs
+from oproute.logreader import LogReader, segment_dirs
+import openpilot_ref
 
 ROOT = Path(__file__).resolve().parents[1]
 CAMS = {ROAD: "road", WIDE_ROAD: "wide", DRIVER: "driver"}
@@ -83,8 +84,8 @@ def lockstep_frames(p: subprocess.Popen, streams: list[int], answer: list[str], 
     for c in clients.values(): c.close()
 
 def planes_equal(buf, ref: np.ndarray) -> bool:
-  got = nv12_planes(np.frombuffer(buf.data, np.uint8).copy(), buf.layout)
-  return all(np.array_equal(a, b) for a, b in zip(got, nv12_planes(ref, buf.layout)))
+  got = buf.layout.planes(np.frombuffer(buf.data, np.uint8).copy())
+  return all(np.array_equal(a, b) for a, b in zip(got, buf.layout.planes(ref)))
 
 def test_help_explains_every_option():
   out = subprocess.run([sys.executable, "-m", "camerad", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=30)
@@ -112,7 +113,7 @@ def test_synthetic_lockstep_pixel_exact_with_states(scene_file):
       st = getattr(messaging.recv_one(states[s]), CAMERA_STATE_SERVICES[s])
       assert (st.frameId, st.timestampSof, st.timestampEof) == (buf.frame_id, buf.timestamp_sof, buf.timestamp_eof)
       assert 0 < st.timestampSof <= st.timestampEof <= time.monotonic_ns()
-      assert (st.width, st.height, str(st.sensor)) == (buf.width, buf.height, "ar0231")
+      assert str(st.sensor) == "ar0231"
     ids = lockstep_frames(p, [ROAD, WIDE_ROAD, DRIVER], ["modelV2", "driverStateV2"], check)
     assert ids == list(range(scene.n_frames))
     rc, err = finish(p)
@@ -286,9 +287,10 @@ def test_v4l2_device():
 
 # ---- recorded logs
 def test_log_replay_with_video(scene_file, tmp_path):
-  """Record a lockstep synthetic run (messages + lossless road and driver video, several segments), then serve the
-  route in lockstep: every frame pixel-exact to the scene, both streams of a frame together, the recorded messages
-  (wide road camera states, whose video was not recorded, and carState) republished byte for byte."""
+  """Record a lockstep synthetic run (messages + lossless road and driver video, several segments): openpilot's own
+  LogReader reads every log of it, message for message. Then serve the route in lockstep: every frame pixel-exact to
+  the scene, both streams of a frame together, the recorded messages (wide road camera states, whose video was not
+  recorded, and carState) republished byte for byte."""
   scene, route = load_scene(scene_file), tmp_path / "route"
   services = ["carState", "liveCalibration", "roadCameraState", "wideRoadCameraState", "driverCameraState"]
   # camerad first: it publishes nothing until every stream has a client, so the recorder (started next, subscribing
@@ -299,7 +301,7 @@ def test_log_replay_with_video(scene_file, tmp_path):
     wait_for_server(cam)
     pm, states = messaging.PubMaster(["modelV2", "driverStateV2"]), {s: messaging.sub_sock(s, timeout=200) for s in ("roadCameraState", "driverCameraState")}
     (wide,) = connect([WIDE_ROAD]).values()   # the wide stream is served but not recorded as video
-    rec = spawn("tools.record", "--route", route, "--segment-seconds", "0.2", "--video", "road,driver", "--codec", "ffv1", *services)
+    rec = spawn("tools.record", "--route", route, "--segment-seconds", "0.2", "--video", "road,driver", "--lossless", *services)
     while cam.poll() is None:
       for svc, answer in (("roadCameraState", "modelV2"), ("driverCameraState", "driverStateV2")):
         if (ev := messaging.recv_one(states[svc])) is not None:
@@ -318,14 +320,25 @@ def test_log_replay_with_video(scene_file, tmp_path):
   finally:
     for p in (cam, rec):
       if p is not None and p.poll() is None: p.kill()
-  assert len(segment_dirs(route)) >= 2
+  segs = segment_dirs(route)
+  assert len(segs) >= 2
   recorded = {}
-  for dat, ev in LogReader(route).raw(): recorded.setdefault(ev.which(), []).append((dat, ev))
-  for svc in ("roadCameraState", "driverCameraState", "wideRoadCameraState"):
+  for dat, ev in LogReader(route, sort_by_time=True).raw(): recorded.setdefault(ev.which(), []).append((dat, ev))
+  for svc in ("roadCameraState", "driverCameraState", "wideRoadCameraState", "roadEncodeIdx", "driverEncodeIdx"):
     assert [getattr(ev, svc).frameId for _, ev in recorded[svc]] == list(range(scene.n_frames)), svc
-  for cam_name in ("road", "driver"):
-    ids = [f.pts for d in segment_dirs(route) if (d / f"{cam_name}.mkv").exists() for f in av.open(str(d / f"{cam_name}.mkv")).decode(video=0)]
-    assert ids == list(range(scene.n_frames)), cam_name
+  for svc, video in (("roadEncodeIdx", "fcamera.hevc"), ("driverEncodeIdx", "dcamera.hevc")):   # each frame where its index says
+    for seg in segs:
+      idx = [getattr(ev, svc) for _, ev in recorded[svc] if getattr(ev, svc).segmentNum == int(seg.name.rsplit("--", 1)[1])]
+      assert [e.segmentId for e in idx] == list(range(len(idx))) and all(e.type == "fullHEVC" for e in idx), (svc, seg.name)
+      if not idx: assert not (seg / video).exists()   # a segment the run ended in before a frame came
+      else: assert len(list(av.open(str(seg / video)).decode(video=0))) == len(idx) and idx[0].flags & 8, (svc, seg.name)
+  logs = [seg / log for seg in segs for log in ("rlog.zst", "qlog.zst")]
+  theirs = openpilot_ref.logreader_events(logs, tmp_path)
+  for log, events in zip(logs, theirs):
+    ours = list(LogReader(log).raw())
+    assert [(w, t, b) for w, t, b in events] == [(ev.which(), ev.logMonoTime, openpilot_ref.canonical(dat)) for dat, ev in ours], log
+    assert events[0][0] == "initData", log
+  assert sum(map(len, theirs)) > 4 * scene.n_frames, "openpilot's LogReader read the recorded frames' events"
 
   p = camerad("--source", route, "--lockstep")
   try:
@@ -346,8 +359,9 @@ def test_log_replay_with_video(scene_file, tmp_path):
     if p.poll() is None: p.kill()
 
 def test_log_replay_messages_only(tmp_path):
-  """A route without video: camera states and the rest are republished as recorded, byte for byte, at their pace."""
-  from tools.record import LogWriter
+  """A route without video, replayed with --messages-only: camera states and the rest are republished as recorded,
+  byte for byte, at their pace."""
+  from oproute.writer import LogFile
   seg = tmp_path / "r" / "r--0"
   seg.mkdir(parents=True)
   t0, recorded = time.monotonic_ns(), []
@@ -357,12 +371,12 @@ def test_log_replay_messages_only(tmp_path):
       if svc == "roadCameraState": msg.roadCameraState.frameId = i
       else: msg.carState.vEgo = i
       recorded.append((svc, msg.to_bytes()))
-  w = LogWriter(seg / "rlog.zst")
+  w = LogFile(seg / "rlog.zst")
   for _, dat in recorded: w.write(dat)
   w.close()
   socks = {svc: messaging.sub_sock(svc) for svc in ("roadCameraState", "carState")}
   t = time.monotonic()
-  rc, err = finish(camerad("--source", tmp_path / "r"))
+  rc, err = finish(camerad("--source", tmp_path / "r", "--messages-only"))
   assert rc == 0 and "messages only" in err, err
   assert time.monotonic() - t > 1.9, "replayed at the recorded pace (2 s)"
   for svc, sock in socks.items():

@@ -78,7 +78,8 @@ def test_drops_filter_and_warmup():
   f = d.frame_drop_perc / 100
   assert math.isclose(f / (1 - f), 2 * (1 / 20) / (10 + 1 / 20))   # one filter step of min(dropped, 10) = 2
   d2 = FrameDrops()
-  assert d2.update(50) == 49 and d2.frame_drop_perc == 0   # held at 0 in the first runs, but still a drop (prepare-only)
+  assert d2.update(50) == 0   # the first frame of a session follows none: no drop (a replay may start at any frame id)
+  assert d2.update(53) == 2 and d2.frame_drop_perc == 0   # held at 0 in the first runs, but still a drop (prepare-only)
 
 def test_calibration_and_camera_geometry():
   cal = Calibration()

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 from camerad.scene import load_scene
+from cereal.services import CAMERAS
 from modelrt.geometry import camera_from_calib
 from msgq import runtime_dir
 
@@ -25,6 +26,7 @@ SCENE = {"name": "tools", "calib": [0.01, 0.02, -0.015], "frames": N_FRAMES, "se
 MODEL = r"""
 import sys, time
 from camerad.scene import load_scene
+from cereal.services import CAMERAS
 from cereal import messaging
 from modelrt.constants import X_IDXS, T_IDXS
 from msgq.visionipc import DRIVER, ROAD, VisionIpcClient
@@ -64,7 +66,7 @@ while True:
         dd.leftBlinkProb = dd.rightBlinkProb = 0.95 if d['eyes_closed'] else 0.05
         dd.phoneProb = 0.9 if d['phone'] else 0.1
       s = messaging.new_message('driverMonitoringState')
-      s.driverMonitoringState.frameId, s.driverMonitoringState.awarenessStatus = fid, 1.0 - fid / 20
+      s.driverMonitoringState.awarenessStatus = 1.0 - fid / 20
       s.driverMonitoringState.isDistracted = d['eyes_closed']
       pm.send('driverStateV2', m)
       pm.send('driverMonitoringState', s)
@@ -124,6 +126,15 @@ def run(args, env=None, timeout=60) -> subprocess.CompletedProcess:
 
 def decode(path: Path) -> list[tuple[int, np.ndarray]]:
   with av.open(str(path)) as c: return [(f.pts, f.to_ndarray(format='rgb24')) for f in c.decode(video=0)]
+
+def recorded(route: Path, camera: str) -> dict[int, np.ndarray]:
+  """The route's video frames of the camera by frame id, placed by its EncodeIdx events."""
+  from oproute import LogReader, segment_dirs
+  from oproute.video import EncodeIndex
+  idx, segs = EncodeIndex(), {int(d.name.rsplit('--', 1)[1]): d for d in segment_dirs(route)}
+  for ev in LogReader(route): idx.add(ev)
+  files = {n: [rgb for _, rgb in decode(d / CAMERAS[camera].video)] for n, d in segs.items() if (d / CAMERAS[camera].video).exists()}
+  return {fid: files[seg][i] for fid, (seg, i) in idx.frames[camera].items()}
 
 def road_pixel(scene, x: float, y: float) -> tuple[int, int]:
   """The road camera pixel of the road point x ahead, y right (calibrated frame, road at camera height)."""
@@ -211,9 +222,8 @@ def test_overlay_route_mp4(stack, tmp_path):
   out = tmp_path / 'o.mp4'
   r = run([BIN / 'modeld-overlay', stack['route'], '--out', out, '--quiet'])
   assert r.returncode == 0, r.stderr
-  recorded = {pts for pts, _ in decode(next(stack['route'].glob('*--0')) / 'road.mkv')}
   frames = decode(out)
-  assert len(frames) == len(recorded) >= N_FRAMES - 2 and frames[0][1].shape == (200, 320, 3)
+  assert len(frames) == len(recorded(stack['route'], 'road')) >= N_FRAMES - 2 and frames[0][1].shape == (200, 320, 3)
 
 def test_overlay_draws_lanes_where_they_are(stack, tmp_path):
   r = run([BIN / 'modeld-overlay', stack['route'], '--out', tmp_path, '--frames', '2', '--quiet'])
@@ -221,7 +231,7 @@ def test_overlay_draws_lanes_where_they_are(stack, tmp_path):
   pngs = sorted(tmp_path.glob('frame_*.png'))
   assert len(pngs) == 2
   fid = int(pngs[0].stem.split('_')[1])
-  raw = dict(decode(next(stack['route'].glob('*--0')) / 'road.mkv'))[fid].astype(int)
+  raw = recorded(stack['route'], 'road')[fid].astype(int)
   out = np.asarray(Image.open(pngs[0])).astype(int)
   sc = stack['scene']
   lane_y = sc.truth(fid)['road']['lane_lines'][1]['y'][0]
@@ -234,7 +244,7 @@ def test_overlay_driver(stack, tmp_path):
   assert r.returncode == 0, r.stderr
   png = next(tmp_path.glob('frame_*.png'))
   fid = int(png.stem.split('_')[1])
-  raw = dict(decode(next(stack['route'].glob('*--0')) / 'driver.mkv'))[fid].astype(int)
+  raw = recorded(stack['route'], 'driver')[fid].astype(int)
   out = np.asarray(Image.open(png)).astype(int)
   u, v = (int(c) for c in stack['scene'].truth(fid)['driver']['face']['camera_px'])
   changed = np.abs(out - raw).max(-1) > 40
@@ -248,7 +258,7 @@ def test_overlay_without_video(stack, tmp_path):
   r = run([BIN / 'modeld-overlay', seg.parent, '--out', tmp_path / 'blank', '--frames', '1', '--quiet'])
   assert r.returncode == 0, r.stderr
   blank = np.asarray(Image.open(next((tmp_path / 'blank').glob('*.png'))))
-  assert blank.shape == (200, 320, 3) and (blank[5:30, -40:-5] == 40).all()   # the camera's size, a plain canvas
+  assert blank.shape == (1208, 1928, 3) and (blank[5:30, -40:-5] == 40).all()   # the sensor's (ar0231) size, a plain canvas
   r = run([BIN / 'modeld-overlay', seg.parent, '--scene', stack['dir'] / 'scene.json', '--out', tmp_path / 'scene', '--frames', '1', '--quiet'])
   assert r.returncode == 0, r.stderr
   img = np.asarray(Image.open(next((tmp_path / 'scene').glob('*.png'))))

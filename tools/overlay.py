@@ -8,7 +8,7 @@ Every point is projected with modelrt.geometry (camera_from_calib for the road, 
 the calibration in force (liveCalibration), the same geometry the daemons and the synthetic scenes use.
 
 Background of a recorded frame: the route's video of that camera when it was recorded; otherwise the synthetic scene
-given with --scene (frame id = scene frame, as camerad serves it); otherwise a blank canvas of the camera's size.
+given with --scene (frame id = scene frame, as camerad serves it); otherwise a blank canvas of the camera sensor's size.
 """
 from __future__ import annotations
 import argparse, os, sys, time
@@ -17,12 +17,10 @@ from pathlib import Path
 from typing import Iterator
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
+from cereal.services import CAMERAS
 from modelrt.constants import DM_HEIGHT, DM_WIDTH, X_IDXS
 from modelrt.geometry import CameraConfig, camera_config, camera_from_calib, dm_warp_matrix
 
-# camera -> (VisionIPC stream, camera-state service, geometry camera, video file in a segment)
-CAMERAS = {'road': (0, 'roadCameraState', 'road', 'road.mkv'), 'wide': (2, 'wideRoadCameraState', 'wide', 'wide.mkv'),
-           'driver': (1, 'driverCameraState', 'driver', 'driver.mkv')}
 CAM_HEIGHT = 1.22          # m, when no liveCalibration.height was seen
 CAR_HALF_WIDTH = 0.9       # m: the path is drawn as wide as a car, the lead box too
 LEAD_HEIGHT = 1.5          # m
@@ -75,7 +73,6 @@ class FrameMsgs:
   rpy: tuple = (0., 0., 0.)
   height: float = CAM_HEIGHT
   sensor: str = 'ar0231'
-  size: tuple[int, int] | None = None   # camera frame (width, height) from its camera-state message
   cam: CameraConfig | None = None       # the scene's camera, when the frames come from a scene
 
 class Painter:
@@ -178,7 +175,7 @@ def draw_driver(p: Painter, m: FrameMsgs, cam: CameraConfig) -> None:
 def render(rgb: np.ndarray, m: FrameMsgs, camera: str) -> Image.Image:
   """The frame with m's outputs drawn on it."""
   img = Image.fromarray(rgb)
-  cam = frame_camera(m.sensor, CAMERAS[camera][2], img.width, img.height, m.cam)
+  cam = frame_camera(m.sensor, camera, img.width, img.height, m.cam)
   p = Painter(img)
   if camera == 'driver':
     if m.driver is not None: draw_driver(p, m, cam)
@@ -187,22 +184,25 @@ def render(rgb: np.ndarray, m: FrameMsgs, camera: str) -> Image.Image:
 
 # ---- inputs: (frame messages, RGB frame) pairs
 
-def route_msgs(route: str, camera: str) -> dict[int, FrameMsgs]:
+def route_msgs(route: str, camera: str) -> tuple[dict[int, FrameMsgs], object]:
   """Per frame id, the route's outputs for that camera's frames and the calibration in force when they came (frames
-  before the route's first liveCalibration get that first one: a recording often starts between two)."""
-  from tools.logreader import LogReader
-  state_svc, out, uncalibrated = CAMERAS[camera][1], {}, []
-  calib, sensor, size = None, 'ar0231', None
-  states: dict[int, tuple] = {}
-  sensor_of: dict[int, str] = {}
+  before the route's first liveCalibration get that first one: a recording often starts between two); and the
+  camera's video in the route (oproute.video.CameraVideo), or None."""
+  from collections import Counter
+  from oproute import LogReader, log_files
+  from oproute.video import CameraVideo, EncodeIndex
+  files, index = log_files(route, 'a'), EncodeIndex()
+  state_svc, out, uncalibrated = CAMERAS[camera].state, {}, []
+  calib, sensor, last_driver = None, None, None
   def frame(fid: int) -> FrameMsgs:
     if fid not in out:
-      out[fid] = FrameMsgs(fid, sensor=sensor, size=states.get(fid, size))
+      out[fid] = FrameMsgs(fid, sensor=sensor or 'ar0231')
       if calib is None: uncalibrated.append(out[fid])
       else: out[fid].rpy, out[fid].height = calib
     return out[fid]
-  for ev in LogReader(route):
+  for ev in LogReader(files, sort_by_time=True):
     w = ev.which()
+    if index.add(ev): continue
     if w == 'liveCalibration':
       c = ev.liveCalibration
       calib = (tuple(c.rpyCalib) if len(c.rpyCalib) == 3 else (calib or ((0., 0., 0.),))[0],
@@ -210,66 +210,52 @@ def route_msgs(route: str, camera: str) -> dict[int, FrameMsgs]:
       for m in uncalibrated: m.rpy, m.height = calib
       uncalibrated.clear()
     elif w == state_svc:
-      st = getattr(ev, w)
-      sensor, size = str(st.sensor), (st.width, st.height) if st.width and st.height else size
-      states[st.frameId], sensor_of[st.frameId] = size, sensor
+      if sensor is None:   # frames before the first camera state: the camera as it first shows
+        for m in out.values(): m.sensor = str(getattr(ev, w).sensor)
+      sensor = str(getattr(ev, w).sensor)
     elif w == 'modelV2' and camera != 'driver': frame(ev.modelV2.frameId if camera == 'road' else ev.modelV2.frameIdExtra).model = ev.modelV2
-    elif w == 'driverStateV2' and camera == 'driver': frame(ev.driverStateV2.frameId).driver = ev.driverStateV2
-    elif w == 'driverMonitoringState' and camera == 'driver': frame(ev.driverMonitoringState.frameId).dm_state = ev.driverMonitoringState
-  first = next(iter(states.items()), None)   # frames before the first camera state: the camera as it first shows
-  for m in out.values():
-    if m.size is None and first is not None: m.size, m.sensor = first[1], sensor_of[first[0]]
-  return {fid: m for fid, m in sorted(out.items()) if (m.driver if camera == 'driver' else m.model) is not None}
-
-def video_files(route: str, camera: str) -> list[Path]:
-  from tools.logreader import segment_dirs
-  p = Path(route)
-  return [f for d in segment_dirs(p) if (f := d / CAMERAS[camera][3]).is_file()] if p.is_dir() else []
-
-def video_frames(route: str, camera: str) -> Iterator[tuple[int, np.ndarray]]:
-  """(frame id, RGB) of the route's recorded video of the camera, segment by segment (pts = frame id). Damaged
-  packets are skipped (camerad's decoder)."""
-  from collections import Counter
-  from camerad.sources import VideoDecoder
-  for path in video_files(route, camera):
-    d = VideoDecoder(str(path), Counter())
-    try:
-      for f in d.frames(): yield int(f.pts), f.to_ndarray(format='rgb24')
-    finally: d.close()
+    elif w == 'driverStateV2' and camera == 'driver':
+      last_driver = ev.driverStateV2.frameId
+      frame(last_driver).driver = ev.driverStateV2
+    elif w == 'driverMonitoringState' and camera == 'driver' and last_driver is not None:   # it follows its frame's driverStateV2
+      frame(last_driver).dm_state = ev.driverMonitoringState
+  video = CameraVideo.of(camera, files, index, Counter())
+  return {fid: m for fid, m in sorted(out.items()) if (m.driver if camera == 'driver' else m.model) is not None}, video if video and video.files() else None
 
 def route_frames(route: str, camera: str, scene: str | None, frames: int | None, background: str) -> tuple[int, Iterator]:
-  msgs = route_msgs(route, camera)
+  msgs, video = route_msgs(route, camera)
   if not msgs: raise SystemExit(f"modeld-overlay: {route}: no {'driverStateV2' if camera == 'driver' else 'modelV2'} "
                                 f"messages for the {camera} camera in the route")
   ids = list(msgs)[:frames]
-  videos = video_files(route, camera)
-  if background == 'auto': background = 'video' if videos else 'scene' if scene else 'blank'
-  if background == 'video' and not videos: raise SystemExit(f"modeld-overlay: {route}: no recorded {camera} video")
+  if background == 'auto': background = 'video' if video else 'scene' if scene else 'blank'
+  if background == 'video' and not video: raise SystemExit(f"modeld-overlay: {route}: no recorded {camera} video")
   if background == 'scene' and not scene: raise SystemExit("modeld-overlay: --background scene needs --scene")
   sc = None
   if scene:
     from camerad.scene import load_scene
     sc = load_scene(scene)
-    for m in msgs.values(): m.cam = sc.cameras[CAMERAS[camera][2]]
+    for m in msgs.values(): m.cam = sc.cameras[camera]
   def gen():
     if background == 'video':   # the frames that are in the video and have outputs, up to `frames` of them
       n = 0
-      for fid, rgb in video_frames(route, camera):
-        if fid in msgs:
-          yield msgs.pop(fid), rgb
-          if (n := n + 1) == frames: return
+      try:
+        for fid in list(msgs):
+          if (f := video.frame(fid)) is not None:
+            yield msgs.pop(fid), f.to_ndarray(format='rgb24')
+            if (n := n + 1) == frames: return
+      finally: video.close()
     elif background == 'scene':
       from camerad.render import SceneRenderer
       from msgq.visionipc.layout import NV12Layout
-      cam = sc.cameras[CAMERAS[camera][2]]
+      cam = sc.cameras[camera]
       layout = NV12Layout.packed(cam.width, cam.height)
-      r = SceneRenderer(sc, CAMERAS[camera][2], layout)
+      r = SceneRenderer(sc, camera, layout)
       for fid in ids: yield msgs[fid], nv12_to_rgb(r.render(fid % sc.n_frames), cam.width, cam.height, layout.stride, layout.uv_offset)
     else:
       for fid in ids:
         m = msgs[fid]
-        cam = m.cam or sensor_camera(m.sensor, CAMERAS[camera][2])
-        w, h = m.size or (cam.width, cam.height)
+        cam = m.cam or sensor_camera(m.sensor, camera)
+        w, h = cam.width, cam.height
         yield m, np.full((h, w, 3), 40, np.uint8)
   return len(ids), gen()
 
@@ -277,7 +263,7 @@ def live_frames(name: str, camera: str, frames: int | None, timeout: float) -> t
   """Frames of a running stack: each camera frame is kept (copied) until the outputs for its frame id arrive."""
   from cereal.messaging import Poller, log_from_bytes, MalformedMessageError, sub_sock
   from msgq.visionipc import VisionIpcClient
-  stream, state_svc = CAMERAS[camera][0], CAMERAS[camera][1]
+  stream, state_svc = CAMERAS[camera].stream, CAMERAS[camera].state
   deadline = time.monotonic() + timeout
   while stream not in VisionIpcClient.available_streams(name, block=False):
     if time.monotonic() > deadline:
@@ -287,13 +273,13 @@ def live_frames(name: str, camera: str, frames: int | None, timeout: float) -> t
   services = ['driverStateV2', 'driverMonitoringState'] if camera == 'driver' else ['modelV2']
   services += ['liveCalibration', state_svc]
   poller = Poller()
-  for s in services: sub_sock(s, poller=poller)   # the poller keeps the sockets
+  socks = [sub_sock(s, poller=poller) for s in services]   # in this order: a driverMonitoringState after its driverStateV2
   client = VisionIpcClient(name, stream, conflate=False)
   client.connect(blocking=True)
   def gen():
     kept: dict[int, tuple] = {}
     ms: dict[int, FrameMsgs] = {}
-    rpy, height, sensor, done, idle = (0., 0., 0.), CAM_HEIGHT, 'ar0231', 0, time.monotonic()
+    rpy, height, sensor, done, idle, last_driver = (0., 0., 0.), CAM_HEIGHT, 'ar0231', 0, time.monotonic(), None
     try:
       while frames is None or done < frames:
         if (buf := client.recv(timeout_ms=20)) is not None:
@@ -301,7 +287,8 @@ def live_frames(name: str, camera: str, frames: int | None, timeout: float) -> t
           if not buf.overwritten(): kept[buf.frame_id] = (nv12, buf.width, buf.height, buf.stride, buf.uv_offset)   # a torn frame is not shown
           del buf
           for old in sorted(kept)[:-KEEP_FRAMES]: del kept[old]
-        for sock in poller.poll(0):
+        ready = set(poller.poll(0))
+        for sock in (s for s in socks if s in ready):
           while (dat := sock.receive(non_blocking=True)) is not None:
             try: ev = log_from_bytes(dat)
             except MalformedMessageError: continue
@@ -310,10 +297,12 @@ def live_frames(name: str, camera: str, frames: int | None, timeout: float) -> t
               if len(ev.liveCalibration.rpyCalib) == 3: rpy = tuple(ev.liveCalibration.rpyCalib)
               if len(ev.liveCalibration.height): height = float(ev.liveCalibration.height[0])
             elif w == state_svc: sensor = str(getattr(ev, w).sensor)
+            elif w == 'driverMonitoringState':   # it carries no frame id: it follows its frame's driverStateV2
+              if last_driver is not None: ms.setdefault(last_driver, FrameMsgs(last_driver)).dm_state = ev.driverMonitoringState
             else:
-              fid = getattr(ev, w).frameId if not (w == 'modelV2' and camera == 'wide') else ev.modelV2.frameIdExtra
-              m = ms.setdefault(fid, FrameMsgs(fid))
-              setattr(m, {'modelV2': 'model', 'driverStateV2': 'driver', 'driverMonitoringState': 'dm_state'}[w], getattr(ev, w))
+              fid = ev.modelV2.frameIdExtra if w == 'modelV2' and camera == 'wide' else getattr(ev, w).frameId
+              if w == 'driverStateV2': last_driver = fid
+              setattr(ms.setdefault(fid, FrameMsgs(fid)), 'model' if w == 'modelV2' else 'driver', getattr(ev, w))
         for fid in sorted(ms):
           m = ms[fid]
           ready = m.model is not None or (m.driver is not None and (m.dm_state is not None or fid < max(ms)))
@@ -370,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
   modeld-overlay --live --frames 100 --out live.mp4                        a running stack (same OPENPILOT_PREFIX)
 
 background of a recorded frame (--background auto): the route's video of the camera if recorded, else the synthetic
-scene of --scene (camerad's frame id = scene frame), else a blank canvas of the camera's size.""")
+scene of --scene (camerad's frame id = scene frame), else a blank canvas of the camera sensor's size.""")
   p.add_argument('route', nargs='?', help='route folder, segment folder or rlog.zst (modeld-record); omit with --live')
   p.add_argument('--live', action='store_true', help='render a running stack (VisionIPC + messages) instead of a route')
   p.add_argument('--camera', choices=list(CAMERAS), default='road', help='camera to draw on (default: road)')

@@ -107,9 +107,9 @@ class RouteData:
   dms: dict[str, list] = field(default_factory=lambda: {k: [] for k in ('t', 'awareness', 'distracted')})
 
 def read_route(path: str) -> RouteData:
-  from tools.logreader import LogReader
+  from oproute import LogReader
   r, t0, rhd = RouteData(), None, None
-  for ev in LogReader(path):
+  for ev in LogReader(path, 'a', sort_by_time=True):
     t0 = ev.logMonoTime if t0 is None else t0
     t, w = (ev.logMonoTime - t0) / 1e9, ev.which()
     if w == 'modelV2':

@@ -1,0 +1,76 @@
+"""An openpilot route made the way openpilot makes one, with openpilot's own schema (openpilot-logging's files): no
+real route is reachable offline, so tests build one. Per segment: rlog.zst (initData, then per frame carState, a
+liveCalibration every 5th frame, and each camera's FrameData + EncodeIndex) and qlog.zst, and the cameras' HEVC
+files made with PyAV from a synthetic scene's frames."""
+from __future__ import annotations
+from fractions import Fraction
+from pathlib import Path
+import av
+import numpy as np
+import zstandard as zstd
+from camerad.render import SceneRenderer
+from camerad.scene import load_scene
+from msgq.visionipc.layout import NV12Layout
+import openpilot_ref as op
+
+FRAME_NS = 50_000_000
+CAMS = {"road": ("roadCameraState", "roadEncodeIdx", "fcamera.hevc"), "driver": ("driverCameraState", "driverEncodeIdx", "dcamera.hevc"),
+        "wide": ("wideRoadCameraState", "wideRoadEncodeIdx", "ecamera.hevc")}
+
+def event(kind: str, t: int, **fields):
+  msg = op.log.Event.new_message(logMonoTime=t, valid=True)
+  body = msg.init(kind)
+  for k, v in fields.items(): setattr(body, k, v)
+  return msg
+
+def write_route(path: Path, scene_file: Path, cameras: tuple[str, ...] = ("road", "driver"), segments: int = 2, frames: int = 10,
+                first_frame_id: int = 100, t0: int = 10**12, extra=None) -> list[int]:
+  """The route folder path/<name>--<n>; returns the frame ids, which start at first_frame_id (as a segment in the
+  middle of a drive). extra(frame_id, t) -> [events] adds events after each frame's."""
+  scene, ids, encode_id = load_scene(str(scene_file)), [], {c: 0 for c in cameras}
+  for seg in range(segments):
+    d = path / f"{path.name}--{seg}"
+    d.mkdir(parents=True)
+    evs = [event("initData", t0 + seg * frames * FRAME_NS, deviceType="tici", version="0.11.1", wallTimeNanos=1_700_000_000 * 10**9)]
+    writers = {}
+    for c in cameras:
+      cam = scene.cameras[c]
+      out = av.open(str(d / CAMS[c][2]), "w", format="hevc")
+      st = out.add_stream("libx265", rate=20)
+      st.width, st.height, st.pix_fmt = cam.width, cam.height, "yuv420p"
+      st.codec_context.options = {"preset": "ultrafast", "x265-params": "log-level=error:bframes=0:lossless=1"}
+      writers[c] = (out, st, SceneRenderer(scene, c, NV12Layout.packed(cam.width, cam.height)))
+    for i in range(frames):
+      n = seg * frames + i
+      fid, t = first_frame_id + n, t0 + n * FRAME_NS
+      ids.append(fid)
+      evs.append(event("carState", t + 1, vEgo=20.0, aEgo=0.0, vEgoRaw=20.0))
+      if n % 5 == 0:
+        cal = event("liveCalibration", t + 2, calPerc=100, rpyCalib=list(scene.calib), height=[scene.height])
+        cal.liveCalibration.calStatus = "calibrated"
+        evs.append(cal)
+      for c in cameras:
+        state_svc, idx_svc, _ = CAMS[c]
+        out, st, r = writers[c]
+        nv12 = r.render(n % scene.n_frames)
+        frame = av.VideoFrame(st.width, st.height, "yuv420p")
+        for p, src in zip(frame.planes, r.layout.planes(nv12)): np.frombuffer(p, np.uint8).reshape(-1, p.line_size)[:src.shape[0], :src.shape[1]] = src
+        frame.pts, frame.time_base = i, Fraction(1, 20)
+        for pkt in st.encode(frame): out.mux(pkt)
+        s = event(state_svc, t + 10, frameId=fid, timestampSof=t, timestampEof=t + 5_000_000)
+        getattr(s, state_svc).sensor = "ar0231"
+        evs.append(s)
+        e = event(idx_svc, t + 20, frameId=fid, encodeId=encode_id[c], segmentNum=seg, segmentId=i, segmentIdEncode=i, timestampSof=t,
+                  timestampEof=t + 5_000_000)
+        getattr(e, idx_svc).type = "fullHEVC"
+        evs.append(e)
+        encode_id[c] += 1
+      if extra is not None: evs += extra(fid, t + 30)
+    for out, st, _ in writers.values():
+      for pkt in st.encode(): out.mux(pkt)
+      out.close()
+    dats = [(e.which(), e.to_bytes()) for e in evs]
+    (d / "rlog.zst").write_bytes(zstd.ZstdCompressor(level=10).compress(b"".join(b for _, b in dats)))
+    qlog = [b for w, b in dats if w in ("initData", "liveCalibration") or w.endswith("EncodeIdx")]
+    (d / "qlog.zst").write_bytes(zstd.ZstdCompressor(level=10).compress(b"".join(qlog)))
+  return ids
