@@ -10,6 +10,7 @@ from common.service import Stats, StopFlag, Watchdog, notify, set_process_title,
 from cereal import log as capnp_log, messaging
 from cereal.services import CAMERA_OF_STREAM as CAMERA_OF, CAMERA_STATE_SERVICES, SERVICES
 from msgq import IpcError
+from msgq.pubsub import RECONNECT_IVL_MAX_S
 from msgq.visionipc import DRIVER, ROAD, WIDE_ROAD, NV12Layout, VisionIpcServer
 from oproute.video import VideoError
 from camerad.sources import STREAMS, Source, SourceError, Tick, open_source
@@ -128,7 +129,10 @@ DRIVER_ANSWERS = ("driverStateV2", "driverMonitoringState")   # answer a driver 
 # messages and frames travel on separate sockets: in lockstep, the messages that come before a frame get this long to be
 # taken in by the daemons (idle, waiting for that frame) before the frame goes out, so they apply to it and not later
 LOCKSTEP_SETTLE_S = 0.005
-LOCKSTEP_READERS_S = 2.   # at most this long for the daemons to subscribe to what camerad publishes, before frame 1
+# before frame 1: subscribers made before camerad's publishers connect within msgq's reconnect interval, and a daemon
+# takes its subscriptions live when it next polls (every 0.1 s while idle); at most LOCKSTEP_READERS_S for a reader each
+LOCKSTEP_CONNECT_S = RECONNECT_IVL_MAX_S + 0.2
+LOCKSTEP_READERS_S = 2.
 
 class Lockstep:
   """Waits for the daemons' outputs (frameId == the frame just sent) before the next frame is sent."""
@@ -144,10 +148,10 @@ class Lockstep:
     out = {s: DRIVER if s in DRIVER_ANSWERS else self.main for s in services}
     return {s: stream for s, stream in out.items() if stream in streams}
 
-  def wait_for_clients(self, server: VisionIpcServer, streams, pm) -> None:
+  def wait_for_clients(self, server: VisionIpcServer, streams, pm, since: float) -> None:
     """Before the first frame: a frame sent before a daemon's client subscribed would never be answered, and messages
-    sent before its subscriptions reach camerad's publishers would be lost (a log's calibration, say). Publishers no
-    daemon subscribes to within LOCKSTEP_READERS_S are not waited for."""
+    sent before its subscriptions reach camerad's publishers (up since `since`) would be lost (a log's calibration,
+    say). Publishers no daemon subscribes to within LOCKSTEP_READERS_S are not waited for."""
     deadline = time.monotonic() + self.timeout
     while not self.stop and not all(server.has_readers(s) for s in streams):
       if time.monotonic() > deadline:
@@ -156,7 +160,8 @@ class Lockstep:
       self.idle()
       time.sleep(0.01)
     readers_deadline = time.monotonic() + LOCKSTEP_READERS_S
-    while not self.stop and time.monotonic() < readers_deadline and not all(pm.all_readers_updated(s) for s in pm.sock):
+    while not self.stop and (time.monotonic() < since + LOCKSTEP_CONNECT_S or
+                             (time.monotonic() < readers_deadline and not all(pm.all_readers_updated(s) for s in pm.sock))):
       self.idle()
       time.sleep(0.01)
     # subscribe now: a daemon's publisher is normally up once its camera client is, and a subscription to a running
@@ -182,11 +187,14 @@ class Lockstep:
   def close(self) -> None:
     for s in self.socks.values(): s.close()
 
-def camera_state(svc: str, frame_id: int, sof: int, eof: int, sensor: str, recorded=None):
+def camera_state(svc: str, frame_id: int, source_index: int, sof: int, eof: int, sensor: str, recorded=None):
+  """The camera-state message of a frame served as frame_id. frameIdSensor is the frame's index in the source (scene
+  frame, video frame, the log's frame id): frame ids can differ from it (a loop continues them, lockstep closes a
+  log's gaps), so this is what ties an output back to its source frame."""
   msg = messaging.new_message(svc)
   if recorded is not None: setattr(msg, svc, recorded)   # keep the recorded fields; this run's id and times below
   st = getattr(msg, svc)
-  st.frameId, st.timestampSof, st.timestampEof = frame_id, sof, eof
+  st.frameId, st.frameIdSensor, st.timestampSof, st.timestampEof = frame_id, source_index, sof, eof
   st.sensor = sensor if sensor in SENSORS else "unknown"
   st.processingTime = (time.monotonic_ns() - eof) / 1e9
   return msg
@@ -197,14 +205,14 @@ def serve(args: argparse.Namespace, source: Source, stop: StopFlag) -> int:
     layouts = stream_layouts(args.layouts, source.streams)
     server = VisionIpcServer(args.name)
     for s, l in layouts.items(): server.create_buffers_with_sizes(s, args.buffers, l.width, l.height, l.size, l.stride, l.uv_offset)
-    pm = messaging.PubMaster([CAMERA_STATE_SERVICES[s] for s in layouts] + list(source.services))
+    pm, pm_up = messaging.PubMaster([CAMERA_STATE_SERVICES[s] for s in layouts] + list(source.services)), time.monotonic()
     watchdog = Watchdog()
     if args.lockstep: lock = Lockstep(args.lockstep_services, layouts, args.lockstep_timeout, stop, idle=watchdog.kick)
     server.start_listener()
     log.info("serving %s as %r: %s", ", ".join(args.source), args.name,
              ", ".join(f"{CAMERA_OF[s]} {l}" for s, l in layouts.items()) or "messages only")
     notify("READY=1", f"STATUS=serving {', '.join(CAMERA_OF[s] for s in layouts)}")
-    if lock is not None: lock.wait_for_clients(server, list(layouts), pm)
+    if lock is not None: lock.wait_for_clients(server, list(layouts), pm, pm_up)
     return run(args, source, server, pm, lock, layouts, stop, watchdog)
   finally:
     if lock is not None: lock.close()
@@ -244,7 +252,7 @@ def run(args, source: Source, server: VisionIpcServer, pm, lock, layouts: dict, 
       for s, buf in bufs.items():
         server.publish(s, buf, ids[s], sof, eof)
         svc = CAMERA_STATE_SERVICES[s]
-        pm.send(svc, camera_state(svc, ids[s], sof, eof, source.sensor[s], tick.states.get(s)))
+        pm.send(svc, camera_state(svc, ids[s], tick.index, sof, eof, source.sensor[s], tick.states.get(s)))
       bufs_streams = list(bufs)
       del buf, bufs   # no view of a shared buffer outlives its frame
       last_ids.update((s, ids[s]) for s in bufs_streams)

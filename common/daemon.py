@@ -62,8 +62,16 @@ class ModelDaemon:
     self.artifact, self.runners, self.ready = None, {}, False
 
   def tick(self) -> None:
+    """Between frames and while waiting: the watchdog, the stats, and the inputs (so they stay current, and a new
+    publisher's subscription goes live, even while no frame comes)."""
     self.watchdog.kick()
     self.stats.tick()
+    self.update_inputs()
+
+  def update_inputs(self) -> None:
+    """Take in the newest messages; a new calibration applies at once."""
+    self.sm.update(0)
+    if self.sm.updated['liveCalibration']: self.calib.update(self.sm['liveCalibration'].rpyCalib)
 
   def clients(self, streams: set[int]) -> list | None:
     """The VisionIpcClients to connect for these streams, or None (logged) if the server lacks what is needed."""

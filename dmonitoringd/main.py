@@ -52,8 +52,7 @@ class DMonitoringD(ModelDaemon):
         if watch.changed(): return
         continue
       watch.frame()
-      self.sm.update(0)
-      if self.sm.updated['liveCalibration']: self.calib.update(self.sm['liveCalibration'].rpyCalib)
+      self.update_inputs()
       sensor = sensor_name(str(self.sm['driverCameraState'].sensor), self.args.sensor)
       if geometry != (g := (sensor, buf.width, buf.height)):
         geometry, transform = g, dm_warp_matrix(camera_for(sensor, 'driver', buf.width, buf.height))

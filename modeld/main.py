@@ -88,8 +88,7 @@ class ModelD(ModelDaemon):
         self.stats.count('out_of_sync')
         log.debug("frames out of sync: main %d (%.5f s), extra %d (%.5f s)", main.frame_id, main.timestamp_sof / 1e9, extra.frame_id, extra.timestamp_sof / 1e9)
 
-      self.sm.update(0)
-      if self.sm.updated['liveCalibration']: self.calib.update(self.sm['liveCalibration'].rpyCalib)
+      self.update_inputs()
       self.update_transforms(runner, main_stream, main, extra)
       traffic = np.array([0, 1] if self.sm['driverMonitoringState'].isRHD else [1, 0], np.float32)
       dropped = drops.update(main.frame_id)

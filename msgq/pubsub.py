@@ -34,6 +34,7 @@ import zmq
 
 DEFAULT_MAX_SIZE = 16 * 1024 * 1024   # largest message on an endpoint the caller gave no size for
 QUEUE_BYTES = 64 * 1024 * 1024        # bound on what one socket queues per peer
+RECONNECT_IVL_MAX_S = 0.5             # a subscriber re-tries a missing publisher at least this often
 ZERO_COPY_MIN = 64 * 1024             # bytes objects this large are sent without a copy (pyzmq: slower below)
 WELCOME = b"\xffmsgq-welcome\xff"     # never a valid Cap'n Proto message (segment count 2^32)
 
@@ -203,7 +204,7 @@ class SubSocket:
     s.setsockopt(zmq.RCVHWM, 1 if conflate else _hwm(max_size))
     s.setsockopt(zmq.MAXMSGSIZE, max(4 * max_size, len(WELCOME)))
     s.setsockopt(zmq.RECONNECT_IVL, 20)
-    s.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
+    s.setsockopt(zmq.RECONNECT_IVL_MAX, int(RECONNECT_IVL_MAX_S * 1000))
     if conflate: s.setsockopt(zmq.CONFLATE, 1)
     s.setsockopt(zmq.SUBSCRIBE, b"")
     local = is_local(address)
