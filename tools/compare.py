@@ -1,0 +1,88 @@
+"""Model outputs of two routes, compared per field: what modeld-replay reports against a route's logged outputs.
+
+An output is taken per frame (modelV2 by its frameId, driverStateV2 by its frameId), optionally mapped to the frame it
+was computed from in another route (frame_map). Fields are flattened float arrays; two frames differ by the largest
+absolute difference of their values (a different number of values counts as an infinite difference).
+"""
+from __future__ import annotations
+from dataclasses import dataclass, field
+from typing import Callable
+import numpy as np
+from oproute import LogReader, log_files
+
+def _xyz(d) -> list: return [d.x, d.y, d.z]
+def _sides(ds, f: Callable) -> list: return [f(ds.leftDriverData), f(ds.rightDriverData)]
+
+# service -> field -> the values compared
+FIELDS: dict[str, dict[str, Callable]] = {
+  "modelV2": {
+    "position": lambda m: _xyz(m.position),
+    "laneLines": lambda m: [[l.y, l.z] for l in m.laneLines],
+    "laneLineProbs": lambda m: m.laneLineProbs,
+    "roadEdges": lambda m: [[l.y, l.z] for l in m.roadEdges],
+    "leadsV3": lambda m: [[l.x, l.y, l.v, l.a] for l in m.leadsV3],
+    "leadsV3.prob": lambda m: [l.prob for l in m.leadsV3],
+    "action": lambda m: [m.action.desiredCurvature, m.action.desiredAcceleration],
+  },
+  "driverStateV2": {
+    "faceOrientation": lambda d: _sides(d, lambda s: s.faceOrientation),
+    "facePosition": lambda d: _sides(d, lambda s: s.facePosition),
+    "faceProb": lambda d: _sides(d, lambda s: s.faceProb),
+    "eyes": lambda d: _sides(d, lambda s: [s.leftEyeProb, s.rightEyeProb, s.leftBlinkProb, s.rightBlinkProb]),
+    "wheelOnRightProb": lambda d: d.wheelOnRightProb,
+  },
+}
+
+def _flat(v) -> np.ndarray:
+  """Nested lists / capnp lists of numbers -> one flat float64 array (ragged nesting is flattened in order)."""
+  if isinstance(v, (int, float, np.floating)): return np.array([v], np.float64)
+  parts = [_flat(x) for x in v]
+  return np.concatenate(parts) if parts else np.zeros(0)
+
+def route_outputs(route, services=tuple(FIELDS)) -> tuple[dict[str, dict[int, dict[str, np.ndarray]]], dict[str, dict[int, int]]]:
+  """({service: {frameId: {field: values}}}, {camera-state service: {frameId: frameIdSensor}}) of a route's logs."""
+  out: dict = {s: {} for s in services}
+  sources: dict = {}
+  for ev in LogReader(log_files(route, "a")):
+    w = ev.which()
+    if w in out:
+      m = getattr(ev, w)
+      out[w][m.frameId] = {k: _flat(f(m)) for k, f in FIELDS[w].items()}
+    elif w.endswith("CameraState"):
+      st = getattr(ev, w)
+      sources.setdefault(w, {})[st.frameId] = st.frameIdSensor
+  return out, sources
+
+@dataclass
+class FieldDiff:
+  service: str
+  field: str
+  frames: int = 0                       # compared
+  missing: int = 0                      # in the reference, not in the new outputs
+  extra: int = 0                        # in the new outputs, not in the reference
+  max: float = 0.
+  mean: float = 0.                      # of each frame's largest difference
+  worst: list[tuple[float, int]] = field(default_factory=list)   # (difference, reference frame id), largest first
+
+def compare(ref: dict, new: dict, top: int = 5) -> list[FieldDiff]:
+  """Per service and field, the differences of new against ref (both {service: {frame: {field: values}}})."""
+  diffs = []
+  for svc, fields in FIELDS.items():
+    a, b = ref.get(svc, {}), new.get(svc, {})
+    common = sorted(a.keys() & b.keys())
+    for f in fields:
+      per_frame = []
+      for fid in common:
+        x, y = a[fid][f], b[fid][f]
+        per_frame.append((float(np.abs(x - y).max(initial=0.)) if x.shape == y.shape else float("inf"), fid))
+      d = np.array([p for p, _ in per_frame])
+      diffs.append(FieldDiff(svc, f, len(common), len(a.keys() - b.keys()), len(b.keys() - a.keys()), float(d.max(initial=0.)),
+                             float(d.mean()) if len(d) else 0., sorted(per_frame, reverse=True)[:top]))
+  return diffs
+
+def table(diffs: list[FieldDiff]) -> str:
+  rows = [f"{'field':34s} {'frames':>7s} {'missing':>8s} {'extra':>6s} {'max diff':>11s} {'mean diff':>11s}  worst frame"]
+  for d in diffs:
+    worst = f"{d.worst[0][1]}" if d.worst and d.worst[0][0] > 0 else "-"
+    rows.append(f"{d.service + '.' + d.field:34s} {d.frames:7d} {d.missing:8d} {d.extra:6d} {d.max:11.4g} {d.mean:11.4g}  {worst}")
+  return "\n".join(rows)

@@ -1,0 +1,121 @@
+"""modeld-replay: a route's frames through the daemons, compared with the outputs the route logged (openpilot's
+model_replay, on this machine).
+
+It starts a private stack (its own OPENPILOT_PREFIX): modeld for a route with road or wide road video, dmonitoringd
+for one with driver video, modeld-record writing the new route, and `camerad --source ROUTE --lockstep`, which sends
+each frame once the daemons answered the previous one. Then it compares the new outputs with the route's logged
+modelV2 and driverStateV2, frame by frame (a replayed frame is tied to its source frame by the camera state's
+frameIdSensor), and prints per field the frames compared and missing and the largest and mean difference.
+"""
+from __future__ import annotations
+import argparse, os, shutil, signal, subprocess, sys, tempfile, time
+from datetime import datetime
+from pathlib import Path
+from cereal.services import CAMERAS
+from msgq import runtime_dir
+from oproute import LogReader, log_files
+from oproute.video import EncodeIndex
+from tools.compare import FIELDS, compare, route_outputs, table
+
+STOP_TIMEOUT_S = 20.
+MAIN_STATE = ("roadCameraState", "wideRoadCameraState")   # modelV2's frame is the road camera's (the wide one's without it)
+
+def route_cameras(route: list[str]) -> list[str]:
+  """The cameras whose frames the route can serve: camera states and EncodeIdx events of them."""
+  index, states = EncodeIndex(), set()
+  for ev in LogReader(log_files(route, "a")):
+    if not index.add(ev) and ev.which().endswith("CameraState"): states.add(ev.which())
+  return [c for c, cam in CAMERAS.items() if c in index.frames and cam.state in states]
+
+class Stack:
+  """The replay's processes, each with its stderr in a file of logs/."""
+  def __init__(self, logs: Path, env: dict):
+    self.logs, self.env, self.procs = logs, env, {}
+
+  def start(self, name: str, module: str, *args) -> subprocess.Popen:
+    err = open(self.logs / f"{name}.log", "w")
+    self.procs[name] = p = subprocess.Popen([sys.executable, "-m", module, *map(str, args)], stdout=subprocess.DEVNULL, stderr=err, env=self.env)
+    err.close()
+    return p
+
+  def stop(self, name: str) -> int:
+    p = self.procs[name]
+    if p.poll() is None: p.send_signal(signal.SIGTERM)
+    try: return p.wait(STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+      p.kill()
+      return p.wait()
+
+  def tail(self, name: str, n: int = 15) -> str:
+    return "\n".join((self.logs / f"{name}.log").read_text().splitlines()[-n:])
+
+def wait_ready(stack: Stack, name: str, what: str, timeout: float) -> bool:
+  deadline = time.monotonic() + timeout
+  while what not in (stack.logs / f"{name}.log").read_text():
+    if stack.procs[name].poll() is not None or time.monotonic() > deadline: return False
+    time.sleep(0.05)
+  return True
+
+def run_stack(route: list[str], out: Path, artifacts: Path, cameras: list[str], logs: Path, frames: int | None, timeout: float) -> str | None:
+  """Replay route into out; None on success, else what failed."""
+  stack = Stack(logs, {**os.environ, "PYTHONUNBUFFERED": "1"})
+  daemons = (["modeld"] if {"road", "wide"} & set(cameras) else []) + (["dmonitoringd"] if "driver" in cameras else [])
+  try:
+    for d in daemons: stack.start(d, d, "--artifacts", artifacts)
+    stack.start("record", "tools.record", "--route", out)
+    if not wait_ready(stack, "record", "recording", timeout): return f"modeld-record did not start:\n{stack.tail('record')}"
+    cam = stack.start("camerad", "camerad", "--source", *route, "--lockstep", "--lockstep-timeout", timeout, *(["--frames", frames] if frames else []))
+    while cam.poll() is None:
+      if failed := [d for d in daemons if stack.procs[d].poll() is not None]:
+        return f"{failed[0]} exited with {stack.procs[failed[0]].returncode}:\n{stack.tail(failed[0])}"
+      time.sleep(0.1)
+    if cam.returncode != 0: return f"camerad exited with {cam.returncode}:\n{stack.tail('camerad')}"
+    time.sleep(0.5)   # the recorder takes in the last outputs
+    for name in ["record", *daemons]:
+      if (rc := stack.stop(name)) != 0: return f"{name} exited with {rc}:\n{stack.tail(name)}"
+    return None
+  finally:
+    for name in stack.procs: stack.stop(name)
+    shutil.rmtree(runtime_dir(), ignore_errors=True)   # the stack's sockets and locks go with it
+
+def main(argv: list[str] | None = None) -> int:
+  ap = argparse.ArgumentParser(prog="modeld-replay", formatter_class=argparse.RawDescriptionHelpFormatter, description=__doc__, epilog="""
+exit codes: 0 replayed (and, with --tolerance, every field within it and no logged frame missing); 1 past the tolerance,
+or the replay failed (the failing process's log is printed); 2 bad options.
+example: modeld-replay realdata/2026-11-30--04-00-00--3 --artifacts artifacts --tolerance 1e-3""")
+  ap.add_argument("route", nargs="+", help="route folder or name, segment folders or log files (what camerad --source takes)")
+  ap.add_argument("--artifacts", required=True, type=Path, help="artifact directory built by modeld-compile for the route's cameras")
+  ap.add_argument("--out", type=Path, help="the new route with the replay's outputs (default: routes/replay--<date>--<time>)")
+  ap.add_argument("--tolerance", type=float, metavar="X", help="exit 1 if a field's largest difference exceeds X or a logged frame has no new output")
+  ap.add_argument("--frames", type=int, metavar="N", help="replay only the first N frames")
+  ap.add_argument("--timeout", type=float, default=60., metavar="S", help="seconds to wait for the daemons to start and for each answer (default 60)")
+  args = ap.parse_args(argv)
+  if args.frames is not None and args.frames < 1: ap.error(f"--frames: expected >= 1, got {args.frames}")
+  try: cameras = route_cameras(args.route)
+  except (OSError, ValueError) as e: ap.error(str(e))
+  if not cameras: ap.error(f"{' '.join(args.route)}: no camera with video and EncodeIdx events: nothing to replay")
+  out = args.out or Path("routes") / datetime.now().strftime("replay--%Y-%m-%d--%H-%M-%S")
+  os.environ["OPENPILOT_PREFIX"] = f"replay{os.getpid()}"   # a private stack: its topics and camera buffers are its own
+  with tempfile.TemporaryDirectory(prefix="modeld-replay-") as logs:
+    t0 = time.monotonic()
+    if (err := run_stack(args.route, out, args.artifacts, cameras, Path(logs), args.frames, args.timeout)) is not None:
+      print(f"modeld-replay: {err}", file=sys.stderr)
+      return 1
+  print(f"replayed {', '.join(cameras)} of {' '.join(args.route)} in {time.monotonic() - t0:.1f} s into {out}")
+  ref, _ = route_outputs(args.route)
+  new, sources = route_outputs(out)
+  frame_map = {"modelV2": next((sources[s] for s in MAIN_STATE if s in sources), {}), "driverStateV2": sources.get("driverCameraState", {})}
+  new = {svc: {frame_map[svc].get(fid, fid): v for fid, v in outs.items()} for svc, outs in new.items()}
+  if args.frames:   # only the source frames replayed are expected
+    ref = {svc: {fid: v for fid, v in outs.items() if fid <= max(frame_map[svc].values(), default=-1)} for svc, outs in ref.items()}
+  for svc in FIELDS:
+    if not ref[svc]: print(f"the route logged no {svc}: {len(new[svc])} new ones, nothing to compare them with")
+  diffs = [d for d in compare(ref, new) if ref[d.service]]
+  if diffs: print(table(diffs))
+  if args.tolerance is not None and (bad := [d for d in diffs if d.max > args.tolerance or d.missing]):
+    print(f"modeld-replay: past the tolerance {args.tolerance:g}: {', '.join(f'{d.service}.{d.field}' for d in bad)}", file=sys.stderr)
+    return 1
+  return 0
+
+if __name__ == "__main__":
+  sys.exit(main())
