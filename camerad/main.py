@@ -125,6 +125,24 @@ class Pacer:
 
 class LockstepTimeout(Exception): pass
 
+class SourceClock:
+  """Lockstep frame times: the source's own, not the send time. A log's frames keep their recorded timestamps; other
+  sources' start at the first frame's send time and advance by source time. So modeld's frame sync sees the source's
+  frame spacing whatever pace the daemons set (and does not wait for a newer frame that lockstep will not send), and
+  a replay's outputs carry the log's times. A new loop pass continues one frame period after the last frame."""
+  def __init__(self, fps: float):
+    self.period, self.shift, self.last = int(1e9 / fps), None, None
+
+  def new_pass(self) -> None: self.shift = None
+
+  def times(self, tick: Tick, stream: int, fill_ns: int) -> tuple[int, int]:
+    st = tick.states.get(stream)
+    sof, eof = (st.timestampSof, st.timestampEof) if st is not None else (round(tick.t * 1e9), round(tick.t * 1e9) + fill_ns)
+    if self.shift is None:
+      self.shift = 0 if self.last is None and st is not None else (time.monotonic_ns() if self.last is None else self.last + self.period) - sof
+    self.last = sof + self.shift
+    return sof + self.shift, eof + self.shift
+
 DRIVER_ANSWERS = ("driverStateV2", "driverMonitoringState")   # answer a driver frame; any other service a road frame
 # messages and frames travel on separate sockets: in lockstep, the messages that come before a frame get this long to be
 # taken in by the daemons (idle, waiting for that frame) before the frame goes out, so they apply to it and not later
@@ -187,16 +205,15 @@ class Lockstep:
   def close(self) -> None:
     for s in self.socks.values(): s.close()
 
-def camera_state(svc: str, frame_id: int, source_index: int, sof: int, eof: int, sensor: str, recorded=None):
+def camera_state(svc: str, frame_id: int, source_index: int, sof: int, eof: int, processing_s: float, sensor: str, recorded=None):
   """The camera-state message of a frame served as frame_id. frameIdSensor is the frame's index in the source (scene
   frame, video frame, the log's frame id): frame ids can differ from it (a loop continues them, lockstep closes a
   log's gaps), so this is what ties an output back to its source frame."""
   msg = messaging.new_message(svc)
   if recorded is not None: setattr(msg, svc, recorded)   # keep the recorded fields; this run's id and times below
   st = getattr(msg, svc)
-  st.frameId, st.frameIdSensor, st.timestampSof, st.timestampEof = frame_id, source_index, sof, eof
+  st.frameId, st.frameIdSensor, st.timestampSof, st.timestampEof, st.processingTime = frame_id, source_index, sof, eof, processing_s
   st.sensor = sensor if sensor in SENSORS else "unknown"
-  st.processingTime = (time.monotonic_ns() - eof) / 1e9
   return msg
 
 def serve(args: argparse.Namespace, source: Source, stop: StopFlag) -> int:
@@ -225,9 +242,11 @@ def run(args, source: Source, server: VisionIpcServer, pm, lock, layouts: dict, 
   pacer = Pacer(stop, args.fps, source.fps, free=args.lockstep or source.live, idle=watchdog.kick)
   served, last_id, t0 = 0, None, time.monotonic()
   last_ids: dict[int, int] = {}   # lockstep: each stream's frame ids are consecutive (a frame after a gap gets no answer)
+  clock = SourceClock(source.fps) if args.lockstep else None
   done = sent_msgs = False
   while not done and not stop:
     offset, any_frame = None, False   # a new pass continues the frame ids where the last one ended
+    if clock is not None: clock.new_pass()
     for tick in source.ticks(args.start):
       if stop: break
       pacer.wait(tick)
@@ -250,9 +269,10 @@ def run(args, source: Source, server: VisionIpcServer, pm, lock, layouts: dict, 
           source.skipped[f"{CAMERA_OF[s]}: {e}"] += 1
       eof = time.monotonic_ns()
       for s, buf in bufs.items():
-        server.publish(s, buf, ids[s], sof, eof)
+        ts = (sof, eof) if clock is None else clock.times(tick, s, eof - sof)
+        server.publish(s, buf, ids[s], *ts)
         svc = CAMERA_STATE_SERVICES[s]
-        pm.send(svc, camera_state(svc, ids[s], tick.index, sof, eof, source.sensor[s], tick.states.get(s)))
+        pm.send(svc, camera_state(svc, ids[s], tick.index, *ts, (time.monotonic_ns() - eof) / 1e9, source.sensor[s], tick.states.get(s)))
       bufs_streams = list(bufs)
       del buf, bufs   # no view of a shared buffer outlives its frame
       last_ids.update((s, ids[s]) for s in bufs_streams)

@@ -96,7 +96,8 @@ def test_help_explains_every_option():
 
 def test_synthetic_lockstep_pixel_exact_with_states(scene_file):
   """Every frame of every stream, in order, equals SceneRenderer's output for that frame in the aligned layout; the
-  camera states carry the same frame id and timestamps; calibration and carState come from the scene."""
+  camera states carry the same frame id and timestamps, which advance by the scene's frame period (lockstep frames
+  carry source time, whatever the answers' pace); calibration and carState come from the scene."""
   scene = load_scene(scene_file)
   p = camerad("--source", f"synthetic:{scene_file}", "--lockstep", "--layout", "aligned", "--lockstep-timeout", "10")
   try:
@@ -104,7 +105,7 @@ def test_synthetic_lockstep_pixel_exact_with_states(scene_file):
     # subscribe before the clients connect: lockstep starts sending once every stream has a client
     states = {s: messaging.sub_sock(svc, timeout=2000) for s, svc in CAMERA_STATE_SERVICES.items()}
     cal, car = messaging.sub_sock("liveCalibration", timeout=2000), messaging.sub_sock("carState", timeout=2000)
-    refs = {}
+    refs, sofs = {}, {}
     def check(s, buf):
       cam = scene.cameras[CAMS[s]]
       assert buf.layout == NV12Layout.aligned(cam.width, cam.height) and buf.stride % 128 == 0
@@ -112,7 +113,8 @@ def test_synthetic_lockstep_pixel_exact_with_states(scene_file):
       assert planes_equal(buf, refs[s].render(buf.frame_id)), f"{CAMS[s]} frame {buf.frame_id} differs from the renderer"
       st = getattr(messaging.recv_one(states[s]), CAMERA_STATE_SERVICES[s])
       assert (st.frameId, st.timestampSof, st.timestampEof) == (buf.frame_id, buf.timestamp_sof, buf.timestamp_eof)
-      assert 0 < st.timestampSof <= st.timestampEof <= time.monotonic_ns()
+      sof0 = sofs.setdefault(s, st.timestampSof - st.frameId * 50_000_000)
+      assert st.timestampSof == sof0 + st.frameId * 50_000_000 and st.timestampSof <= st.timestampEof and st.frameIdSensor == st.frameId
       assert str(st.sensor) == "ar0231"
     ids = lockstep_frames(p, [ROAD, WIDE_ROAD, DRIVER], ["modelV2", "driverStateV2"], check)
     assert ids == list(range(scene.n_frames))
