@@ -23,28 +23,37 @@ def run(module: str, *args, timeout: float = 120) -> subprocess.CompletedProcess
   return subprocess.run([sys.executable, "-m", module, *map(str, args)], cwd=REPO, capture_output=True, text=True, timeout=timeout,
                         env={**os.environ, "DEV": "CPU"})
 
+def lockstep(route: Path, col: Collector, *args) -> str:
+  """camerad --lockstep on the route until it ends, reading the outputs as they come (a subscriber's queue is bounded)."""
+  cam = subprocess.Popen([sys.executable, "-m", "camerad", "--source", route, "--lockstep", "--lockstep-timeout", "60", *args],
+                         cwd=REPO, stderr=subprocess.PIPE, text=True)
+  while cam.poll() is None:
+    col.poll()
+    time.sleep(0.01)
+  err = cam.communicate()[1]
+  assert cam.returncode == 0, err
+  time.sleep(0.2)
+  col.poll()
+  return err
+
 def test_openpilot_route_replays_through_both_daemons(tiny_artifacts, scene, tmp_path):
   """Two segments whose frame ids start at 100 (a drive's middle), road and driver cameras: in lockstep, exactly one
-  modelV2 and one driverStateV2 per frame, with the log's frame ids; the log's calibration reaches the daemons."""
+  modelV2 and one driverStateV2 per frame, with the log's frame ids; the log's calibration reaches the daemons. Then
+  --start and --frames pick frames by the log's ids (the daemons reconnect to the restarted camerad)."""
   ids = write_route(tmp_path / "route", scene)
   daemons = [Daemon(m, tiny_artifacts) for m in ("modeld", "dmonitoringd")]   # ready once camerad serves: lockstep waits for them
   col = Collector(["modelV2", "driverStateV2", "cameraOdometry"])
   try:
-    cam = subprocess.Popen([sys.executable, "-m", "camerad", "--source", tmp_path / "route", "--lockstep", "--lockstep-timeout", "60"],
-                           cwd=REPO, stderr=subprocess.PIPE, text=True)
-    while cam.poll() is None:   # read as they come: a subscriber's queue is bounded
-      col.poll()
-      time.sleep(0.01)
-    err = cam.communicate()[1]
-    assert cam.returncode == 0 and f"served {len(ids)} frames" in err, err
-    time.sleep(0.2)
-    col.poll()
+    assert f"served {len(ids)} frames" in lockstep(tmp_path / "route", col)
+    for svc in ("modelV2", "driverStateV2", "cameraOdometry"):
+      assert [getattr(ev, svc).frameId for ev in col.msgs[svc]] == ids, svc
+    assert all(ev.valid for ev in col.msgs["modelV2"]), "liveCalibration from the log was republished before the first frame"
+    for svc in col.msgs: col.msgs[svc].clear()
+    assert lockstep(tmp_path / "route", col, "--start", "112", "--frames", "5")
+    assert [ev.modelV2.frameId for ev in col.msgs["modelV2"]] == list(range(112, 117))
   finally:
     for d in daemons: d.stop()
     col.close()
-  for svc in ("modelV2", "driverStateV2", "cameraOdometry"):
-    assert [getattr(ev, svc).frameId for ev in col.msgs[svc]] == ids, svc
-  assert all(ev.valid for ev in col.msgs["modelV2"]), "liveCalibration from the log was republished before the first frame"
 
 def test_route_without_frames_is_refused(scene, tmp_path):
   """A route camerad can serve no camera frame from is an error that says why; --messages-only replays its messages."""
