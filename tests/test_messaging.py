@@ -247,3 +247,15 @@ def test_submaster_alive_and_freq_ok_follow_the_services_table():
   while time.monotonic() - t < 0.3: sm.update(20)
   assert not sm.alive["carState"] and sm.alive["roadCameraState"]   # 0.3 s > 10 / 100 Hz, but < 10 / 20 Hz
   sm.close()
+
+def test_submaster_without_sockets_is_fed_by_update_msgs():
+  """addr=None, as openpilot's replay: no socket is made; update_msgs gives the same state a socket would."""
+  sm = messaging.SubMaster(["carState", "liveCalibration"], addr=None)
+  assert sm.sock == {}
+  with pytest.raises(RuntimeError, match="update_msgs"): sm.update(0)
+  cs = new_message("carState")
+  cs.carState.vEgo = 3.5
+  sm.update_msgs(1.0, [log_from_bytes(cs.to_bytes())])
+  assert sm.updated["carState"] and not sm.updated["liveCalibration"] and sm["carState"].vEgo == 3.5 and sm.seen["carState"]
+  sm.update_msgs(1.05, [])
+  assert not sm.updated["carState"] and sm["carState"].vEgo == 3.5

@@ -97,16 +97,18 @@ class PubMaster:
 
 class SubMaster:
   """The newest message of each service, with openpilot's alive/freq/valid checks from the services table.
-  A malformed message (or one of another service) is counted in `malformed`, logged and dropped."""
+  A malformed message (or one of another service) is counted in `malformed`, logged and dropped. addr=None (as
+  openpilot's replay uses it): no sockets, fed by update_msgs()."""
   def __init__(self, services: list[str], poll: str | None = None, ignore_alive: list[str] | None = None,
-               ignore_avg_freq: list[str] | None = None, ignore_valid: list[str] | None = None, addr: str = "127.0.0.1"):
+               ignore_avg_freq: list[str] | None = None, ignore_valid: list[str] | None = None, addr: str | None = "127.0.0.1"):
     unknown = [s for s in services if s not in SERVICES]
     if unknown: raise ValueError(f"unknown services {unknown}; known: {sorted(SERVICES)}")
     if poll is not None and poll not in services: raise ValueError(f"poll service {poll!r} is not in {services}")
     self.services, self.frame = list(services), -1
     self.poller = Poller()
     self.non_polled = [s for s in services if poll is not None and s != poll]
-    self.sock = {s: sub_sock(s, poller=None if s in self.non_polled else self.poller, addr=addr, conflate=True) for s in services}
+    self.sock = {} if addr is None else \
+      {s: sub_sock(s, poller=None if s in self.non_polled else self.poller, addr=addr, conflate=True) for s in services}
     self.updated = dict.fromkeys(services, False)
     self.seen = dict.fromkeys(services, False)
     self.alive = dict.fromkeys(services, False)
@@ -136,6 +138,7 @@ class SubMaster:
 
   def update(self, timeout: int = 100) -> None:
     """Wait up to timeout ms for a polled service, then take the newest message of every service."""
+    if not self.sock: raise RuntimeError("this SubMaster has no sockets (addr=None): feed it with update_msgs()")
     ready = {sock for sock in self.poller.poll(timeout)}
     msgs = [self._recv(s) for s in self.services if self.sock[s] in ready or s in self.non_polled]
     self.update_msgs(time.monotonic(), msgs)
