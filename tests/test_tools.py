@@ -291,8 +291,10 @@ def test_plot(stack, tmp_path):
     img = Image.open(tmp_path / n)
     assert img.width == 1400 and len(img.getcolors(1 << 16) or range(1000)) > 20   # axes, text and coloured series
   # the series are drawn: the palette's first colour (modelV2's execution time) is in the timing panel
-  px = np.asarray(Image.open(tmp_path / 'timing.png'))
+  px = np.asarray(Image.open(tmp_path / 'timing.png').convert('RGB')).astype(int)
   assert (np.abs(px - (31, 119, 180)).max(-1) < 10).sum() > 100
+  r = run([BIN / 'modeld-plot', stack['route'], '--out', tmp_path / 'svg', '--format', 'svg'])
+  assert r.returncode == 0 and (tmp_path / 'svg' / 'lanes.svg').read_text().lstrip().startswith('<?xml'), r.stderr
 
 def test_plot_empty_route(tmp_path):
   seg = tmp_path / 'r' / 'r--0'

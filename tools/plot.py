@@ -1,24 +1,23 @@
-"""modeld-plot: timing and quality plots of a recorded route, as PNG files.
+"""modeld-plot: timing and quality plots of a recorded route, as PNG, SVG or PDF files.
 
-timing.png  execution time of both models, frameDropPerc, frames skipped between outputs
-lanes.png   lane line positions at a few distances ahead, and their probabilities
-lead.png    the lead's distance, speed and probability
-driver.png  face, eye, blink and phone probabilities of the driver's side, and awareness
+timing      execution time of both models, frameDropPerc, frames skipped between outputs
+lanes       lane line positions at a few distances ahead, and their probabilities
+lead        the lead's distance, speed and probability
+driver      face, eye, blink and phone probabilities of the driver's side, and awareness
 
-Charts are drawn with Pillow (a project dependency already): stacked panels sharing the time axis (seconds from the
-route's first event), each with its own y scale, grid and legend. A missing value (no lead, NaN) breaks a line.
+Each is one figure of stacked panels (matplotlib) sharing the time axis (seconds from the route's first event), each
+with its own y scale, grid and legend. A missing value (no lead, NaN) breaks a line.
 """
 from __future__ import annotations
-import argparse, math, sys
+import argparse, sys
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
-from PIL import Image, ImageDraw, ImageFont
 from modelrt.constants import X_IDXS
 
 LANE_DISTANCES = (10., 30., 60.)   # m ahead where lane positions are plotted
-PALETTE = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75)]
 LANE_NAMES = ('left far', 'left', 'right', 'right far')
+FORMATS = ('png', 'svg', 'pdf')
 
 @dataclass
 class Series:
@@ -33,71 +32,26 @@ class Panel:
   series: list[Series]
   ylim: tuple[float, float] | None = None
 
-def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
-  """Round tick values (1, 2, 5 x 10^k steps) covering [lo, hi]."""
-  if not math.isfinite(lo) or not math.isfinite(hi): return []
-  if hi - lo < 1e-12: lo, hi = lo - 0.5, hi + 0.5
-  raw = (hi - lo) / n
-  mag = 10 ** math.floor(math.log10(raw))
-  step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
-  return [i * step for i in range(math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9) + 1)]
-
-def _fmt(v: float) -> str: return f"{v:.10g}" if abs(v) >= 1e-9 else "0"
-
-def draw_figure(title: str, panels: list[Panel], path: Path, width: int = 1400, panel_height: int = 240) -> None:
-  font, small = ImageFont.load_default(size=18), ImageFont.load_default(size=14)
-  left, right, top, gap = 90, 30, 50, 56
-  height = top + len(panels) * (panel_height + gap) + 20
-  img = Image.new('RGB', (width, height), 'white')
-  d = ImageDraw.Draw(img)
-  d.text((left, 14), title, fill='black', font=font)
-  ts = [s.t for p in panels for s in p.series if len(s.t)]
-  t0, t1 = 0., max((t.max() for t in ts), default=1.)   # from the route's start
-  if t1 - t0 < 1e-9: t1 = t0 + 1
-  x_of = lambda t: left + (np.asarray(t) - t0) / (t1 - t0) * (width - left - right)
-  for k, p in enumerate(panels):
-    y0 = top + k * (panel_height + gap) + 24
-    y1 = y0 + panel_height - 24
-    d.text((left, y0 - 22), p.title, fill='black', font=font)
-    vals = np.concatenate([s.y[np.isfinite(s.y)] for s in p.series] or [np.zeros(0)])
-    lo, hi = p.ylim if p.ylim else ((vals.min(), vals.max()) if len(vals) else (0., 1.))
-    if hi - lo < 1e-9: lo, hi = lo - max(abs(lo) * 0.1, 0.5), hi + max(abs(hi) * 0.1, 0.5)
-    pad = 0 if p.ylim else (hi - lo) * 0.06
-    lo, hi = lo - pad, hi + pad
-    y_of = lambda v: y1 - (np.asarray(v) - lo) / (hi - lo) * (y1 - y0)
-    for v in nice_ticks(lo, hi):
-      yy = float(y_of(v))
-      d.line((left, yy, width - right, yy), fill=(225, 225, 225))
-      d.text((left - 8, yy), _fmt(v), fill=(60, 60, 60), font=small, anchor='rm')
-    for v in nice_ticks(t0, t1, 10):
-      xx = float(x_of(v))
-      d.line((xx, y0, xx, y1), fill=(235, 235, 235))
-      d.text((xx, y1 + 4), _fmt(v), fill=(60, 60, 60), font=small, anchor='mt')
-    d.rectangle((left, y0, width - right, y1), outline=(120, 120, 120))
-    lx = width - right - 8 - sum(d.textlength(s.label, font=small) + 30 for s in p.series)
-    for i, s in enumerate(p.series):
-      c = PALETTE[i % len(PALETTE)]
-      ok = np.isfinite(s.y) & (s.y >= lo) & (s.y <= hi) if s.points else np.isfinite(s.y)
-      xs, ys = x_of(s.t), y_of(np.clip(s.y, lo, hi))
-      if s.points:
-        for x, y in zip(xs[ok], ys[ok]): d.ellipse((x - 3, y - 3, x + 3, y + 3), fill=c)
-      else:   # one polyline per run of finite values
-        breaks = np.flatnonzero(np.diff(ok.astype(np.int8)) != 0) + 1
-        for run in np.split(np.arange(len(ok)), breaks):
-          if len(run) and ok[run[0]]:
-            pts = list(zip(xs[run].tolist(), ys[run].tolist()))
-            if len(pts) == 1: d.ellipse((pts[0][0] - 2, pts[0][1] - 2, pts[0][0] + 2, pts[0][1] + 2), fill=c)
-            else: d.line(pts, fill=c, width=2)
-    # legend: right-aligned inside the panel's top, in series order, on white over the series
-    d.rectangle((lx - 6, y0 + 2, width - right - 2, y0 + 22), fill='white')
-    for i, s in enumerate(p.series):
-      c = PALETTE[i % len(PALETTE)]
-      if s.points: d.ellipse((lx + 6, y0 + 9, lx + 12, y0 + 15), fill=c)
-      else: d.line((lx, y0 + 12, lx + 18, y0 + 12), fill=c, width=4)
-      d.text((lx + 22, y0 + 5), s.label, fill='black', font=small)
-      lx += d.textlength(s.label, font=small) + 30
-  d.text((width - right, height - 6), 'time (s)', fill=(60, 60, 60), font=small, anchor='rb')
-  img.save(path)
+def draw_figure(title: str, panels: list[Panel], path: Path, width_in: float = 14., panel_in: float = 2.4) -> None:
+  """One figure, a panel per row, 100 dpi (PNG: 1400 px wide); the format is the path's suffix."""
+  import matplotlib
+  matplotlib.use('Agg')   # files only, no display
+  import matplotlib.pyplot as plt
+  fig, axes = plt.subplots(len(panels), 1, sharex=True, squeeze=False, figsize=(width_in, panel_in * len(panels) + 0.6), dpi=100)
+  fig.suptitle(title, x=0.01, ha='left')
+  for ax, p in zip(axes[:, 0], panels):
+    for s in p.series:
+      if s.points: ax.plot(s.t, s.y, 'o', markersize=4, label=s.label)
+      else: ax.plot(s.t, s.y, linewidth=1.5, label=s.label)
+    ax.set_title(p.title, loc='left', fontsize=10)
+    if p.ylim is not None: ax.set_ylim(*p.ylim)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc='upper right', fontsize=8)
+  axes[-1, 0].set_xlabel('time (s)')
+  axes[-1, 0].set_xlim(left=0)
+  fig.tight_layout()
+  fig.savefig(path)
+  plt.close(fig)
 
 @dataclass
 class RouteData:
@@ -142,12 +96,12 @@ def _stats(x: list) -> str:
   a = np.asarray(x, np.float64)
   return f"mean {a.mean():.1f} / p95 {np.percentile(a, 95):.1f} / max {a.max():.1f} ms" if len(a) else "none"
 
-def plots(r: RouteData, out: Path, name: str) -> list[Path]:
-  """Write the PNGs that the route has data for; returns their paths."""
+def plots(r: RouteData, out: Path, name: str, fmt: str = 'png') -> list[Path]:
+  """Write the figures that the route has data for; returns their paths."""
   written = []
-  def fig(fname: str, title: str, panels: list[Panel]) -> None:
-    draw_figure(f"{name}: {title}", panels, out / fname)
-    written.append(out / fname)
+  def fig(stem: str, title: str, panels: list[Panel]) -> None:
+    draw_figure(f"{name}: {title}", panels, path := out / f"{stem}.{fmt}")
+    written.append(path)
   A = lambda x: np.asarray(x, np.float64)
   m, dm, dms = r.model, r.dm, r.dms
   if m['t'] or dm['t']:
@@ -158,14 +112,14 @@ def plots(r: RouteData, out: Path, name: str) -> list[Path]:
       panels += [Panel('modelV2.frameDropPerc (%)', [Series('frameDropPerc', A(m['t']), A(m['drop']))], ylim=(0, max(5., float(np.max(m['drop'])))))]
       panels += [Panel(f'camera frames skipped before an output ({int(skipped.sum())} in all)',
                        [Series('skipped', A(m['t']), np.where(skipped > 0, skipped, np.nan), points=True)], ylim=(0, max(3., float(skipped.max()))))]
-    fig('timing.png', f"timing  (modelV2 {_stats(m['exec'])};  driverStateV2 {_stats(dm['exec'])})", panels)
+    fig('timing', f"timing  (modelV2 {_stats(m['exec'])};  driverStateV2 {_stats(dm['exec'])})", panels)
   if m['t']:
     t, lanes, probs = A(m['t']), np.stack(m['lanes']), A(m['probs'])
     panels = [Panel(f'lane line y at {d:g} m ahead (m, right positive)', [Series(n, t, lanes[:, i, k]) for i, n in enumerate(LANE_NAMES)])
               for k, d in enumerate(LANE_DISTANCES)]
     panels.append(Panel('lane line probability', [Series(n, t, probs[:, i]) for i, n in enumerate(LANE_NAMES)], ylim=(0, 1)))
-    fig('lanes.png', 'lane lines', panels)
-    fig('lead.png', 'lead (leadsV3[0] now; distance and speed shown where prob >= 0.5)',
+    fig('lanes', 'lane lines', panels)
+    fig('lead', 'lead (leadsV3[0] now; distance and speed shown where prob >= 0.5)',
         [Panel('lead distance (m)', [Series('x', t, A(m['lead_x']))]), Panel('lead speed (m/s)', [Series('v', t, A(m['lead_v']))]),
          Panel('lead probability', [Series('prob', t, A(m['lead_p']))], ylim=(0, 1))])
   if dm['t'] or dms['t']:
@@ -176,17 +130,20 @@ def plots(r: RouteData, out: Path, name: str) -> list[Path]:
     if dms['t']:
       panels.append(Panel('driverMonitoringState awareness (dots: distracted)', [Series('awareness', A(dms['t']), A(dms['awareness'])),
                                                                                   Series('distracted', A(dms['t']), A(dms['distracted']), points=True)], ylim=(0, 1.05)))
-    fig('driver.png', 'driver monitoring (the driver\'s side)', panels)
+    fig('driver', 'driver monitoring (the driver\'s side)', panels)
   return written
 
 def main(argv: list[str] | None = None) -> int:
-  p = argparse.ArgumentParser(prog='modeld-plot', description='Timing and quality plots of a recorded route, as PNG files.',
+  p = argparse.ArgumentParser(prog='modeld-plot', description='Timing and quality plots of a recorded route, as PNG, SVG or PDF files.',
                               epilog=__doc__.split('\n\n')[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument('route', help='route folder, segment folder or rlog.zst (modeld-record)')
-  p.add_argument('--out', help='folder for the PNGs (default: ROUTE/plots, or plots/ next to a log file)')
+  p.add_argument('route', help='route folder or name, segment folder or rlog/qlog file')
+  p.add_argument('--out', help='folder for the figures (default: ROUTE/plots, or plots/ next to a log file)')
+  p.add_argument('--format', choices=FORMATS, default='png', help='file format (default: png)')
   args = p.parse_args(argv)
   route = Path(args.route)
-  if not route.exists(): p.error(f"route {args.route!r} does not exist")
+  from oproute import log_files
+  try: log_files(route, 'a')
+  except (OSError, ValueError) as e: p.error(str(e))
   out = Path(args.out) if args.out else (route if route.is_dir() else route.parent) / 'plots'
   try: r = read_route(str(route))
   except (OSError, ValueError) as e:
@@ -196,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"modeld-plot: {route}: no modelV2, driverStateV2 or driverMonitoringState messages to plot", file=sys.stderr)
     return 1
   out.mkdir(parents=True, exist_ok=True)
-  for f in plots(r, out, route.name): print(f)
+  for f in plots(r, out, route.name, args.format): print(f)
   return 0
 
 if __name__ == '__main__':
