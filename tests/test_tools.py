@@ -226,11 +226,12 @@ def test_overlay_route_mp4(stack, tmp_path):
   assert len(frames) == len(recorded(stack['route'], 'road')) >= N_FRAMES - 2 and frames[0][1].shape == (200, 320, 3)
 
 def test_overlay_draws_lanes_where_they_are(stack, tmp_path):
-  r = run([BIN / 'modeld-overlay', stack['route'], '--out', tmp_path, '--frames', '2', '--quiet'])
+  r = run([BIN / 'modeld-overlay', stack['route'], '--out', tmp_path, '--frames', '2', '--start', '5', '--quiet'])
   assert r.returncode == 0, r.stderr
   pngs = sorted(tmp_path.glob('frame_*.png'))
   assert len(pngs) == 2
   fid = int(pngs[0].stem.split('_')[1])
+  assert fid == 5   # --start: the first frame drawn
   raw = recorded(stack['route'], 'road')[fid].astype(int)
   out = np.asarray(Image.open(pngs[0])).astype(int)
   sc = stack['scene']
@@ -271,7 +272,7 @@ def test_overlay_live(stack):
 
 def test_overlay_errors(stack, tmp_path):
   r = run([BIN / 'modeld-overlay', tmp_path / 'nope'])
-  assert r.returncode == 2 and 'does not exist' in r.stderr
+  assert r.returncode == 2 and 'found none' in r.stderr
   r = run([BIN / 'modeld-overlay', stack['route'], '--live'])
   assert r.returncode == 2
   seg = tmp_path / 'empty' / 'empty--0'

@@ -222,10 +222,11 @@ def route_msgs(route: str, camera: str) -> tuple[dict[int, FrameMsgs], object]:
   video = CameraVideo.of(camera, files, index, Counter())
   return {fid: m for fid, m in sorted(out.items()) if (m.driver if camera == 'driver' else m.model) is not None}, video if video and video.files() else None
 
-def route_frames(route: str, camera: str, scene: str | None, frames: int | None, background: str) -> tuple[int, Iterator]:
+def route_frames(route: str, camera: str, scene: str | None, frames: int | None, background: str, start: int = 0) -> tuple[int, Iterator]:
   msgs, video = route_msgs(route, camera)
+  msgs = {fid: m for fid, m in msgs.items() if fid >= start}
   if not msgs: raise SystemExit(f"modeld-overlay: {route}: no {'driverStateV2' if camera == 'driver' else 'modelV2'} "
-                                f"messages for the {camera} camera in the route")
+                                f"messages for the {camera} camera in the route{f' from frame {start} on' if start else ''}")
   ids = list(msgs)[:frames]
   if background == 'auto': background = 'video' if video else 'scene' if scene else 'blank'
   if background == 'video' and not video: raise SystemExit(f"modeld-overlay: {route}: no recorded {camera} video")
@@ -360,11 +361,12 @@ def main(argv: list[str] | None = None) -> int:
 
 background of a recorded frame (--background auto): the route's video of the camera if recorded, else the synthetic
 scene of --scene (camerad's frame id = scene frame), else a blank canvas of the camera sensor's size.""")
-  p.add_argument('route', nargs='?', help='route folder, segment folder or rlog.zst (modeld-record); omit with --live')
+  p.add_argument('route', nargs='?', help='route folder or name, segment folder or rlog/qlog file; omit with --live')
   p.add_argument('--live', action='store_true', help='render a running stack (VisionIPC + messages) instead of a route')
   p.add_argument('--camera', choices=list(CAMERAS), default='road', help='camera to draw on (default: road)')
   p.add_argument('--out', default='overlay.mp4', help='an .mp4 file (H.264), or a folder for PNG frames (default: overlay.mp4)')
   p.add_argument('--frames', type=int, metavar='N', help='render at most N frames (live: required to stop without Ctrl-C)')
+  p.add_argument('--start', type=int, default=0, metavar='ID', help='route: first frame id to render (default: the first)')
   p.add_argument('--scene', metavar='SCENE', help='synthetic scene the route was recorded from (background when no video)')
   p.add_argument('--background', choices=('auto', 'video', 'scene', 'blank'), default='auto', help='see below (default: auto)')
   p.add_argument('--fps', type=float, default=20., help='MP4 frame rate (default: 20, the camera rate)')
@@ -380,11 +382,14 @@ scene of --scene (camerad's frame id = scene frame), else a blank canvas of the 
   if args.prefix is not None: os.environ['OPENPILOT_PREFIX'] = args.prefix
 
   from tqdm import tqdm
+  if not args.live:
+    from oproute import log_files
+    try: log_files(args.route, 'a')
+    except (OSError, ValueError) as e: p.error(str(e))
   try:
     if args.live: total, frames = live_frames(args.name, args.camera, args.frames, args.timeout)
     else:
-      if not Path(args.route).exists(): p.error(f"route {args.route!r} does not exist")
-      total, frames = route_frames(args.route, args.camera, args.scene, args.frames, args.background)
+      total, frames = route_frames(args.route, args.camera, args.scene, args.frames, args.background, args.start)
   except (OSError, ValueError) as e:
     print(f"modeld-overlay: {e}", file=sys.stderr)
     return 1
