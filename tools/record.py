@@ -5,7 +5,7 @@ Crash safety: the log is flushed as a complete zstd frame every --flush-seconds,
 as they close, so a SIGKILL loses at most the last moments; closed segments are complete.
 """
 from __future__ import annotations
-import argparse, logging, sys, threading, time
+import argparse, errno, logging, sys, threading, time
 from datetime import datetime
 from fractions import Fraction
 from pathlib import Path
@@ -196,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     route = Route(args.route or args.out / datetime.now().strftime("%Y-%m-%d--%H-%M-%S"), args.segment_seconds)
     counts = record(args.services or logged, route, args.flush_seconds, stop, args.seconds, cameras, args.camerad_name, args.codec)
   except (OSError, RuntimeError) as e:
-    log.error("%s", e)
+    full = getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+    log.error("%s%s", e, ": recording stopped; the segments before the last are complete" if full else "")
     return 1
   log.info("recorded %d messages in %d segments to %s (%s)", sum(counts.values()), route.segment + 1, route.path,
            ", ".join(f"{s} {n}" for s, n in counts.items() if n) or "nothing")

@@ -121,7 +121,8 @@ class VisionIpcServer:
       s.pub.close()
       os.close(s.fd)
       s.ring.close()   # views the producer still holds keep it mapped until they go
-    os.unlink(self.path + ".lock")   # still locked by us: nobody else can own this file now
+    try: os.unlink(self.path + ".lock")   # still locked by us: nobody else can own this file now
+    except FileNotFoundError: pass        # the runtime directory was removed under us
     os.close(self._lock_fd)
 
   def __enter__(self): return self
