@@ -113,7 +113,8 @@ class Row:
   injected: dict[str, int] = field(default_factory=dict)
   lost: list[int] = field(default_factory=lambda: [0, 0])          # outputs lost, of how many
   usage: dict[str, list] = field(default_factory=dict)              # process -> [before, after]
-  notes: list[str] = field(default_factory=list)
+  notes: dict[str, str] = field(default_factory=dict)               # what the numbers mean, or a failure: one per key
+  samples: list[float] = field(default_factory=list)                # per-fault measurements, over the rounds
   ok: bool = True
 
   def measure(self, procs: dict[str, int], when: int) -> None:
@@ -128,7 +129,7 @@ class Row:
   def check(self, ok: bool, note: str) -> None:
     if not ok:
       self.ok = False
-      self.notes.append(note)
+      self.notes[f"fail{len(self.notes)}"] = note
       print(f"soak: FAIL {self.fault}: {note}", flush=True)
 
 class Soak:
@@ -234,18 +235,19 @@ class Soak:
   def kills(self) -> None:
     row = self.row(f'camerad SIGKILLed at a random moment, {self.args.kills} times in a row')
     row.measure(self.procs(), 0)
-    back = []
+    back, n0, n = row.samples, len(row.samples), 0
     for _ in range(self.args.kills):
       self.watch.wait(self.rng.uniform(0, 2))   # a random moment of camerad's frame loop
       self.camerad.kill()
+      n += 1
       if (dt := self.back(self.camerad.start())) is None:
         row.check(False, "daemons did not reconnect within 30 s")
         break
       back.append(dt)
     self.watch.wait(2.)
     self.watch.lost(0, 0)
-    row.add({'SIGKILL': len(back) + (not row.ok)}, (self.args.kills - len(back), self.args.kills))
-    if back: row.notes.append(f"camerad start to outputs again: mean {np.mean(back):.1f} s, max {max(back):.1f} s")
+    row.add({'SIGKILL': n}, (n - (len(back) - n0), n))
+    if back: row.notes['back'] = f"restarts without outputs again; from camerad's start to outputs: mean {np.mean(back):.1f} s, max {max(back):.1f} s"
     row.measure(self.procs(), 1)
     self.alive(row)
 
@@ -275,7 +277,9 @@ class Soak:
         if (missed := sum(len(published[s] - got[s]) for s in published)) == 0 or time.monotonic() > deadline: break
         time.sleep(0.2)
       row.add({'SIGSTOP': 1}, lost)
-      row.notes.append(f"the stopped reader got {sum(map(len, published.values())) - missed} of the {sum(map(len, published.values()))} outputs published while stopped")
+      row.samples += [sum(map(len, published.values())), missed]
+      row.notes['reader'] = (f"outputs another reader missed meanwhile; the stopped one, resumed, got {sum(row.samples[::2]) - sum(row.samples[1::2]):.0f} "
+                             f"of the {sum(row.samples[::2]):.0f} published while it was stopped")
       row.check(missed == 0, f"the stopped reader missed {missed} outputs published while it was stopped")
     finally:
       p.kill()
@@ -287,7 +291,7 @@ class Soak:
     shutil.rmtree(keep, ignore_errors=True)
     for d in (mount, keep): d.mkdir(exist_ok=True)
     if not can_mount_tmpfs(str(self.tmp / 'probe')):
-      row.notes.append("skipped: no user namespace to mount a tmpfs in")
+      row.notes['skip'] = "skipped: no user namespace to mount a tmpfs in"
       return
     row.measure(self.procs(), 0)
     cmd = [sys.executable, '-m', 'tools.record', '--route', str(mount / 'r'), '--segment-seconds', '2']
@@ -306,7 +310,7 @@ class Soak:
     row.check(p.returncode == 1 and 'No space left on device' in err and 'recording stopped' in err and 'Traceback' not in err,
               f"modeld-record exited {p.returncode}: {err.strip().splitlines()[-1:] if err.strip() else ''}")
     row.check(len(segs) >= 2 and unreadable == 0, f"{unreadable} of {len(segs) - 1} finished segments unreadable")
-    row.notes.append(f"'lost' here: finished segments that do not read back whole ({len(segs) - 1} finished)")
+    row.notes['disk'] = "finished segments that do not read back whole"
     row.measure(self.procs(), 1)
     self.alive(row)
 
@@ -325,7 +329,7 @@ class Soak:
       dt = time.monotonic() - t
       stop(d)
       row.add({name: 1})
-      row.notes.append(f"{name}: exit {rc} after {dt:.2f} s")
+      row.notes[name] = f"{name}: exit {rc} after {dt:.2f} s"
       row.check(rc == 78 and 'does not match its sha256' in d.stderr() and 'waiting for camera' not in d.stderr(), f"{name}: exit {rc}")
 
   def close(self) -> None:
@@ -352,7 +356,8 @@ def table(rows: list[Row]) -> str:
   out = ["| fault | injected | outputs lost | process | fds before -> after | RSS MiB before -> after |", "|---|---|---|---|---|---|"]
   for r in rows:
     inj = ', '.join(f"{k} {v}" for k, v in r.injected.items()) or '-'
-    lost = f"{r.lost[0]} of {r.lost[1]}" + (f" ({'; '.join(r.notes)})" if r.notes else '') + ('' if r.ok else ' **FAIL**')
+    lost = ' '.join([f"{r.lost[0]} of {r.lost[1]}" if r.lost[1] else '-', *(f"({'; '.join(r.notes.values())})",) * bool(r.notes)])
+    lost += '' if r.ok else ' **FAIL**'
     procs = list(r.usage.items()) or [('-', [None, None])]
     for i, (name, (b, a)) in enumerate(procs):
       fds = f"{b[0]} -> {a[0]}" if b and a else '-'
