@@ -1,7 +1,7 @@
 # The two commands of the README: `make demo` and `make test`. Both run the set-up first (idempotent, fast when done).
 PY := .venv/bin/python
 
-.PHONY: setup test demo bench artifacts install-services clean
+.PHONY: setup test demo bench soak artifacts install-services clean
 setup:
 	@scripts/setup.sh
 
@@ -13,6 +13,10 @@ demo: setup
 
 bench: setup
 	for b in bench/*.py; do $(PY) $$b || exit 1; done
+
+# the fault battery's long runs (docs/RELIABILITY.md): 10 minutes, then a table; make soak SOAK_ARGS="--minutes 3"
+soak: setup
+	scripts/soak.sh $(SOAK_ARGS)
 
 clean:
 	rm -rf .venv build *.egg-info

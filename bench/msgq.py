@@ -24,7 +24,7 @@ def _open(kind: str, role: str, size: int, path: str):
   import zmq
   s = zmq.Context.instance().socket(zmq.PUB if role == "pub" else zmq.SUB)
   s.setsockopt(zmq.LINGER, 0)
-  s.setsockopt(zmq.SNDHWM if role == "pub" else zmq.RCVHWM, msgq.pubsub._hwm(max_size))   # the same queue lengths
+  s.setsockopt(zmq.SNDHWM if role == "pub" else zmq.RCVHWM, msgq.pubsub.queue_len(size if role == "pub" else max_size))   # the same queue lengths
   if role == "pub":
     s.bind("ipc://" + path)
     return s, (lambda d: s.send(d, copy=len(d) < 64 * KiB))   # zero-copy for large messages, as msgq does

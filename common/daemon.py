@@ -1,26 +1,30 @@
 """What both model daemons share: the command line, the start-up order and the camera-restart handling.
 
 A daemon (ModelDaemon subclass) says which camera clients it wants for the streams the server offers, how to build a
-runner for their buffer layouts, and how to serve frames; this module does the rest, in openpilot's order: wait for
-the camera server's streams, connect, then load the artifact (the warp depends on the camera), one warm-up replay,
-READY=1. When the camera server restarts, the tensors over its buffers are dropped before the client unmaps them.
+runner for their buffer layouts, and how to serve frames; this module does the rest: verify and load the artifact's
+models first (a broken install fails at once, not when a camera appears), then in openpilot's order wait for the
+camera server's streams, connect, load the warps for the camera's buffer layouts, one warm-up replay, READY=1. When
+the camera server restarts, the tensors over its buffers are dropped before the client unmaps them. Every frame's
+outputs are parsed and filled under OutputGuard: no model output, however wrong, crashes a daemon.
 """
 from __future__ import annotations
 import argparse, logging, os, time
-from typing import NoReturn
+from typing import Any, Callable, NoReturn
 import numpy as np
 from common.service import Stats, StopFlag, Watchdog, exit_now, notify, set_process_title, setup_logging
 
 EX_CONFIG = 78   # sysexits: the configuration (artifact vs camera) is wrong; restarting will not help
 RECV_TIMEOUT_MS = 100   # the loop checks the stop flag and kicks the watchdog at least this often
+MAX_BAD_OUTPUTS = 20    # frames in a row whose outputs cannot be parsed before the daemon gives up (1 s at 20 Hz)
 
 def parse_args(argv: list[str] | None, prog: str, doc: str | None) -> argparse.Namespace:
   """The options both daemons share."""
-  ap = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter, epilog="""
+  ap = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter, epilog=f"""
 environment: NOTIFY_SOCKET, WATCHDOG_USEC (service-manager protocol: READY=1 after load + warm-up + camera connect,
 WATCHDOG=1 from the frame loop, STATUS=<stats>); OPENPILOT_PREFIX (message prefix, as --prefix); DEV (tinygrad device,
 as --device); JOURNAL_STREAM (set by systemd: log lines carry syslog priorities). SIGTERM/SIGINT: finish the frame, exit 0.
-exit codes: 0 stopped by a signal; 78 the artifact cannot serve this machine or camera (the message says how to build it).""")
+exit codes: 0 stopped by a signal; 78 the artifact cannot serve this machine or camera (checked before waiting for a
+camera), or its model's outputs could not be parsed for {MAX_BAD_OUTPUTS} frames in a row (the message says what to build).""")
   ap.add_argument('--artifacts', required=True, metavar='DIR', help="artifact directory built by modeld-compile (its "
                   f"{'road' if prog == 'modeld' else 'dm'}/ subdirectory is used)")
   ap.add_argument('--device', help="tinygrad device the artifact was built for (default: $DEV, else tinygrad's default); e.g. CPU")
@@ -45,11 +49,46 @@ def finite_outputs(out: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], b
   if all(np.isfinite(v).all() for v in out.values()): return out, True
   return {k: np.nan_to_num(v, nan=0., posinf=0., neginf=0.) for k, v in out.items()}, False
 
+class OutputError(RuntimeError):
+  """Frame after frame, the model's outputs could not be parsed: the artifact's model does not fit this daemon."""
+
+class OutputGuard:
+  """Parses and fills one frame's outputs so that no model output, however wrong, crashes the daemon. Their sizes are
+  checked against the contract first (a wrong size may also parse without an error, into garbage). A frame that fails
+  is skipped (nothing published), counted as `bad_output` and logged (rate-limited per call site by the log handler);
+  MAX_BAD_OUTPUTS failures in a row raise OutputError, naming the output with its expected and actual size."""
+  def __init__(self, sizes: dict[str, int], stats: Stats, log: logging.Logger, limit: int = MAX_BAD_OUTPUTS):
+    self.sizes, self.stats, self.log, self.limit, self.failures = sizes, stats, log, limit, 0
+
+  def mismatches(self, outs: dict[str, np.ndarray]) -> str:
+    return '; '.join(f"output {k!r}: expected {n} values, got {outs[k].size if k in outs else 'none'}"
+                     for k, n in self.sizes.items() if k not in outs or outs[k].size != n)
+
+  def __call__(self, frame_id: int, outs: dict[str, np.ndarray], fn: Callable[..., Any], *args) -> Any:
+    """fn(outs, *args), or None if the outputs cannot be parsed (the frame is skipped)."""
+    if not (why := self.mismatches(outs)):
+      try:
+        result = fn(outs, *args)
+        self.failures = 0
+        return result
+      except Exception as e:
+        why = f"{type(e).__name__}: {e}"
+        self.log.debug("frame %d: parsing or filling failed", frame_id, exc_info=True)
+    self.failures += 1
+    self.stats.count('bad_output')
+    self.log.error("frame %d skipped, its outputs cannot be parsed (%d in a row): %s", frame_id, self.failures, why)
+    if self.failures >= self.limit:
+      raise OutputError(f"the outputs of {self.failures} frames in a row could not be parsed, the last because {why}. The artifact's "
+                        "model does not produce the outputs this daemon parses: rebuild it from a model in openpilot's output layout "
+                        "(modeld-compile --help)")
+    return None
+
 class ModelDaemon:
   name: str                 # process and logger name
   family: str               # artifact family: 'road' | 'dm'
   PUBLISHES: list[str]
   SUBSCRIBES: list[str]
+  OUTPUT_SIZES: dict[str, int]   # what the parser reads: output name -> number of values (modelrt.constants)
 
   def __init__(self, args: argparse.Namespace, stop: StopFlag):
     from cereal import messaging
@@ -59,6 +98,7 @@ class ModelDaemon:
     self.stats = Stats(self.log, args.stats_interval)
     self.pm, self.sm = messaging.PubMaster(self.PUBLISHES), messaging.SubMaster(self.SUBSCRIBES)
     self.calib = Calibration()
+    self.guard = OutputGuard(self.OUTPUT_SIZES, self.stats, self.log)
     self.artifact, self.runners, self.ready = None, {}, False
 
   def tick(self) -> None:
@@ -90,6 +130,10 @@ class ModelDaemon:
     from common.camera import StreamWatch, wait_for_streams, connect
     server = self.args.camera_server
     try:
+      # manifest, hashes and model JITs before any camera: a bad artifact exits 78 at once (the warps wait for the layouts)
+      t = time.perf_counter()
+      self.artifact = load_artifact(self.args.artifacts, self.family)
+      self.log.info("loaded %s in %.2f s (layouts: %s)", self.artifact.dir, time.perf_counter() - t, ', '.join(self.artifact.layouts))
       while not self.stop:
         if (streams := wait_for_streams(server, self.stop, self.tick)) is None: break
         if (clients := self.clients(streams)) is None:
@@ -99,10 +143,6 @@ class ModelDaemon:
           if not connect(clients, self.stop, self.tick): continue
           layouts = tuple(c.layout for c in clients)
           self.log.info("connected to %r: %s", server, ', '.join(f"stream {c.stream} ({c.layout})" for c in clients))
-          if self.artifact is None:   # after connecting, as openpilot: the warp depends on the camera
-            t = time.perf_counter()
-            self.artifact = load_artifact(self.args.artifacts, self.family)
-            self.log.info("loaded %s in %.2f s (layouts: %s)", self.artifact.dir, time.perf_counter() - t, ', '.join(self.artifact.layouts))
           if (runner := self.runners.get(key := tuple(str(l) for l in layouts))) is None:
             runner = self.runners[key] = self.make_runner(layouts)
             runner.warmup()
@@ -117,7 +157,7 @@ class ModelDaemon:
     finally:
       self.pm.close()
       self.sm.close()
-    self.log.info("stopped; totals: %s", self.stats.totals_line())
+      self.log.info("stopped; totals: %s", self.stats.totals_line())
     return 0
 
 def main(cls: type[ModelDaemon], argv: list[str] | None, doc: str | None) -> NoReturn:
@@ -127,7 +167,7 @@ def main(cls: type[ModelDaemon], argv: list[str] | None, doc: str | None) -> NoR
   stop = StopFlag()
   from modelrt.artifact import ArtifactError
   try: rc = cls(args, stop).run()
-  except ArtifactError as e:
-    logging.getLogger(cls.name).error("ArtifactError: %s", e)
+  except (ArtifactError, OutputError) as e:
+    logging.getLogger(cls.name).error("%s: %s", type(e).__name__, e)
     rc = EX_CONFIG
   exit_now(rc)   # sockets closed and mappings released by now

@@ -1,9 +1,10 @@
 """dmonitoringd: driver camera -> driver monitoring model -> driverStateV2 and driverMonitoringState at the camera's rate.
 
-Start-up: wait for the camera server's driver stream (polled every 0.1 s), connect (conflated: always the newest
-frame), load the dm artifact for the buffer layout, one warm-up replay, READY=1. Every frame: Y-plane warp to the
-model's 1440x960 input with liveCalibration.rpyCalib as the model's calib input, parse both driver sides, publish
-driverStateV2, then the policy's driverMonitoringState (face, distraction, awareness, isRHD; modeld reads isRHD).
+Start-up: verify the dm artifact and load its model (a bad one exits 78 at once), wait for the camera server's driver
+stream (polled every 0.1 s), connect (conflated: always the newest frame), load the warp for the buffer layout, one
+warm-up replay, READY=1. Every frame: Y-plane warp to the model's 1440x960 input with liveCalibration.rpyCalib as the
+model's calib input, parse both driver sides, publish driverStateV2, then the policy's driverMonitoringState (face,
+distraction, awareness, isRHD; modeld reads isRHD). A frame whose outputs cannot be parsed is skipped; 20 in a row exit 78.
 gpuExecutionTime is the wall time of the warp + model replays and the copy-out (on the CPU backend there is no separate
 device clock); modelExecutionTime adds parsing. A bad calibration, a torn frame or non-finite outputs publish valid=False.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging, sys, time
 import numpy as np
 from common.daemon import RECV_TIMEOUT_MS, ModelDaemon, finite_outputs, main as daemon_main
+from modelrt.constants import DM_OUTPUT_SIZES
 
 log = logging.getLogger('dmonitoringd')
 
@@ -18,6 +20,7 @@ class DMonitoringD(ModelDaemon):
   name, family = 'dmonitoringd', 'dm'
   PUBLISHES = ['driverStateV2', 'driverMonitoringState']
   SUBSCRIBES = ['liveCalibration', 'carState', 'driverCameraState']
+  OUTPUT_SIZES = DM_OUTPUT_SIZES
 
   def __init__(self, args, stop):
     super().__init__(args, stop)
@@ -43,6 +46,18 @@ class DMonitoringD(ModelDaemon):
     from dmonitoringd.parse import parse_dm_outputs
     from dmonitoringd.fill_msgs import fill_driver_state, fill_monitoring_state
     geometry, transform = None, None
+
+    def messages(out: dict, raw: np.ndarray, buf, t0: float, gpu_time: float, valid: bool, learn: bool) -> tuple[list, float]:
+      dm = parse_dm_outputs(out)
+      exec_time = time.perf_counter() - t0
+      msgs = [('driverStateV2', fill_driver_state(dm, buf.frame_id, exec_time, gpu_time, valid,
+                                                  np.nan_to_num(raw, nan=0., posinf=0., neginf=0.) if self.args.raw_predictions else None))]
+      cs = self.sm['carState']
+      # the policy learns only from good frames; a bad one repeats the last state, marked invalid
+      if learn: self.state = self.policy.update(dm, float(cs.vEgo) if np.isfinite(cs.vEgo) else 0., bool(cs.standstill))
+      if self.state is not None: msgs.append(('driverMonitoringState', fill_monitoring_state(self.state, valid)))
+      return msgs, exec_time
+
     while not self.stop:
       self.tick()
       if not client.is_connected():
@@ -68,15 +83,10 @@ class DMonitoringD(ModelDaemon):
       torn = buf.overwritten()
       raw = out.pop('raw')
       out, finite = finite_outputs(out)
-      dm = parse_dm_outputs(out)
-      exec_time = time.perf_counter() - t0
       valid = finite and not torn and (self.calib.valid or not self.calib.errors)   # no calibration yet is fine, a bad one is not
-      self.pm.send('driverStateV2', fill_driver_state(dm, buf.frame_id, exec_time, gpu_time, valid,
-                                                      np.nan_to_num(raw, nan=0., posinf=0., neginf=0.) if self.args.raw_predictions else None))
-      cs = self.sm['carState']
-      # the policy learns only from good frames; a bad one repeats the last state, marked invalid
-      if finite and not torn: self.state = self.policy.update(dm, float(cs.vEgo) if np.isfinite(cs.vEgo) else 0., bool(cs.standstill))
-      if self.state is not None: self.pm.send('driverMonitoringState', fill_monitoring_state(self.state, valid))
+      if (done := self.guard(buf.frame_id, out, messages, raw, buf, t0, gpu_time, valid, finite and not torn)) is None: continue
+      msgs, exec_time = done
+      for name, msg in msgs: self.pm.send(name, msg)
       self.stats.count('frames')
       self.stats.timing('exec', exec_time)
       self.stats.timing('frame', time.perf_counter() - t0)   # run -> both messages sent

@@ -1,9 +1,10 @@
 """modeld: road (+ wide road) camera -> road model -> modelV2, drivingModelData, cameraOdometry at the camera's rate.
 
-Start-up (openpilot's order): wait for the camera server's streams (polled every 0.1 s); main camera = road (wide
-road when there is none, conflated), extra = wide road (not conflated); connect; then load the road artifact for the
-connected buffer layouts and run one warm-up replay; then READY=1. Every frame: sync main and extra by start of
-frame, count drops (a frame after a drop only feeds the history), run, check, parse, publish.
+Start-up: verify the road artifact and load its models (a bad one exits 78 at once); then, in openpilot's order, wait
+for the camera server's streams (polled every 0.1 s); main camera = road (wide road when there is none, conflated),
+extra = wide road (not conflated); connect; then load the warps for the connected buffer layouts and run one warm-up
+replay; then READY=1. Every frame: sync main and extra by start of frame, count drops (a frame after a drop only feeds
+the history), run, check, parse, publish (a frame whose outputs cannot be parsed is skipped; 20 in a row exit 78).
 Calibration (liveCalibration.rpyCalib) and camera geometry (the camera-state message's sensor, or --sensor) give the
 warp transforms; until a good calibration arrives the default one is used and outputs are published valid=False.
 A camera server restart drops the tensors over the old buffers, unmaps them, reconnects and resets the history; a
@@ -13,6 +14,7 @@ from __future__ import annotations
 import logging, sys, time
 import numpy as np
 from common.daemon import RECV_TIMEOUT_MS, ModelDaemon, finite_outputs, main as daemon_main
+from modelrt.constants import POLICY_OUTPUT_SIZES, VISION_OUTPUT_SIZES
 
 log = logging.getLogger('modeld')
 class ModelD(ModelDaemon):
@@ -20,6 +22,7 @@ class ModelD(ModelDaemon):
   PUBLISHES = ['modelV2', 'drivingModelData', 'cameraOdometry']
   SUBSCRIBES = ['deviceState', 'carState', 'roadCameraState', 'wideRoadCameraState', 'liveCalibration', 'driverMonitoringState',
                 'carControl', 'liveDelay']
+  OUTPUT_SIZES = {**VISION_OUTPUT_SIZES, **POLICY_OUTPUT_SIZES}
 
   def __init__(self, args, stop):
     super().__init__(args, stop)
@@ -73,6 +76,21 @@ class ModelD(ModelDaemon):
     self.geometry = None
     sync = FrameSync(main_client.recv, extra_client and extra_client.recv, RECV_TIMEOUT_MS)
     drops, state_name = FrameDrops(), 'wideRoadCameraState' if main_stream == WIDE_ROAD else 'roadCameraState'
+
+    def messages(out: dict, raw: np.ndarray, main, extra, exec_time: float, valid: bool, finite: bool) -> list:
+      parsed = parse_outputs(out)
+      cs = self.sm['carState']
+      v_ego = float(cs.vEgo) if np.isfinite(cs.vEgo) else 0.
+      action = get_action(parsed['plan'], self.publish_state.prev_action, lateral_action_time(float(self.sm['liveDelay'].lateralDelay)), v_ego)
+      lane_change_prob = float(parsed['desire_state'][Desire.laneChangeLeft] + parsed['desire_state'][Desire.laneChangeRight])
+      self.desire.update(cs, self.sm['carControl'].latActive, lane_change_prob)
+      frame_age = max(0, self.sm[state_name].frameId - main.frame_id)
+      info = FrameInfo(main.frame_id, extra.frame_id, frame_age, drops.frame_drop_perc, main.timestamp_eof, exec_time, valid=valid,
+                       lane_change_state=self.desire.lane_change_state, lane_change_direction=self.desire.lane_change_direction)
+      msgs = fill_model_msgs(parsed, info, action, self.publish_state, np.nan_to_num(raw, nan=0., posinf=0., neginf=0.) if self.args.raw_predictions else None)
+      if finite: self.publish_state.prev_action = action
+      return msgs
+
     while not self.stop:
       self.tick()
       if not all(c.is_connected() for c in clients):
@@ -116,23 +134,13 @@ class ModelD(ModelDaemon):
       if not finite:
         self.stats.count('nonfinite')
         log.debug("frame %d: non-finite model outputs, published invalid", main.frame_id)
-      parsed = parse_outputs(out)
-      cs = self.sm['carState']
-      v_ego = float(cs.vEgo) if np.isfinite(cs.vEgo) else 0.
-      action = get_action(parsed['plan'], self.publish_state.prev_action, lateral_action_time(float(self.sm['liveDelay'].lateralDelay)), v_ego)
-      lane_change_prob = float(parsed['desire_state'][Desire.laneChangeLeft] + parsed['desire_state'][Desire.laneChangeRight])
-      self.desire.update(cs, self.sm['carControl'].latActive, lane_change_prob)
-      frame_age = max(0, self.sm[state_name].frameId - main.frame_id)
-      info = FrameInfo(main.frame_id, extra.frame_id, frame_age, drops.frame_drop_perc, main.timestamp_eof, exec_time,
-                       valid=self.calib.valid and finite and not torn, lane_change_state=self.desire.lane_change_state,
-                       lane_change_direction=self.desire.lane_change_direction)
-      msgs = fill_model_msgs(parsed, info, action, self.publish_state, np.nan_to_num(raw, nan=0., posinf=0., neginf=0.) if self.args.raw_predictions else None)
-      if finite: self.publish_state.prev_action = action
+      valid = self.calib.valid and finite and not torn
+      if (msgs := self.guard(main.frame_id, out, messages, raw, main, extra, exec_time, valid, finite)) is None: continue
       for name, msg in zip(self.PUBLISHES, msgs): self.pm.send(name, msg)
       self.stats.count('frames')
       self.stats.timing('exec', exec_time)
       self.stats.timing('frame', time.perf_counter() - t_frame)   # frame in hand -> messages sent: exec + the daemon's own work
-      if not info.valid: self.stats.count('invalid')
+      if not valid: self.stats.count('invalid')
 
 def main(argv: list[str] | None = None) -> None:
   daemon_main(ModelD, argv, __doc__)

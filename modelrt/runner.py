@@ -10,7 +10,7 @@ import numpy as np
 from tinygrad import Tensor, dtypes
 from tinygrad.device import Buffer
 from msgq.visionipc.layout import NV12Layout
-from modelrt.artifact import Artifact, load_artifact
+from modelrt.artifact import Artifact, ArtifactError, load_artifact
 from modelrt.constants import FEATURE_LEN, DESIRE_LEN, TRAFFIC_CONVENTION_LEN, HISTORY_LEN, FRAME_SKIP, FEATURE_QUEUE_LEN, DESIRE_QUEUE_LEN
 from modelrt.constants import IMG_CHANNELS, IMG_QUEUE_LEN, MODEL_HEIGHT, MODEL_WIDTH
 from modelrt.guard import ALIGN, CameraLayoutError, GuardedJit, _buffer_of
@@ -80,6 +80,9 @@ class RoadRunner:
     self.warps: dict[str, GuardedJit] = {k: art.load_jit(art.warp_name(str(l))) for k, l in (('img', self.main_layout), ('big_img', self.extra_layout))}
     self.vision, self.policy = art.models['vision'], art.models['policy']
     self.vision_slices, self.policy_slices = art.output_slices('vision'), art.output_slices('policy')
+    if (h := self.vision_slices.get('hidden_state', slice(0, 0))).stop - h.start != FEATURE_LEN:   # fed back to the policy here, every frame
+      raise ArtifactError(f"{art.dir}: vision output 'hidden_state': expected {FEATURE_LEN} values (the policy's features), got "
+                          f"{h.stop - h.start}. Rebuild with a vision model in openpilot's output layout: {art.rebuild_command()}")
     device = art.manifest['target']['device']
     self.queues = {k: Tensor.zeros(*IMG_QUEUE_SHAPE, dtype=dtypes.uint8, device=device).contiguous().realize() for k in self.warps}
     self.transforms = {k: _host(3, 3) for k in self.warps}

@@ -17,9 +17,12 @@ Guarantees (each has a test in tests/test_msgq.py):
   the connection is attached, possibly before the subscription arrives; a message sent right after it could
   be lost.) A small pump thread applies subscriptions while the application is not sending; welcome messages
   are filtered out of the data;
-- a slow or dead subscriber never blocks the publisher: ZMQ drops at the high-water mark, which is sized
-  from the endpoint's largest message so what is queued per subscriber stays within QUEUE_BYTES (and at
-  least 16 messages);
+- a slow or dead subscriber never blocks the publisher: ZMQ drops at the high-water mark. Queues are bounded in
+  bytes: a publisher queues for each subscriber at least QUEUE_BYTES (64 MiB, counting MSG_OVERHEAD per message)
+  and at most twice that, sized from the largest message it has sent so far (so at least 1,000 messages of 64 KiB,
+  or 60,000 of 1 KiB, whatever the endpoint's max_size); a subscriber queues as much again, sized from its max_size.
+  A reader that keeps reading loses nothing of a burst that fits; the publisher's memory stays bounded whatever
+  its readers do;
 - a message larger than a subscriber's max_size is refused by it (counted in `refused`, logged); publishers
   refuse to send more than their own max_size. Only a message over 4x the subscriber's max_size (from a
   publisher with another services table) ends the connection, as a ZMQ protocol error, until the subscriber
@@ -28,12 +31,17 @@ Guarantees (each has a test in tests/test_msgq.py):
   RECONNECT_IVL_MAX; messages it sends before that are lost, as with any new subscriber. ZMQ re-sends the
   subscription on the subscriber's own thread, the next time it receives or polls, so a publisher's
   wait_for_readers() sees an idle subscriber only once it reads again.
+
+Lifetimes: PubSocket, SubSocket and Poller free what they hold (endpoint lock, socket file, ZMQ socket, pump thread)
+in close(), at the end of a `with` block, or as soon as the last reference goes: the publisher's pump thread holds
+only a state object shared with it, never the PubSocket, so no cycle keeps one alive.
 """
-import errno, fcntl, logging, os, select, threading, time, weakref
+import errno, fcntl, logging, math, os, select, sys, threading, time
 import zmq
 
 DEFAULT_MAX_SIZE = 16 * 1024 * 1024   # largest message on an endpoint the caller gave no size for
-QUEUE_BYTES = 64 * 1024 * 1024        # bound on what one socket queues per peer
+QUEUE_BYTES = 64 * 1024 * 1024        # what one socket's queue for one peer holds at least (and at most twice)
+MSG_OVERHEAD = 128                    # bytes libzmq spends per queued message besides its data (measured: 48-126)
 RECONNECT_IVL_MAX_S = 0.5             # a subscriber re-tries a missing publisher at least this often
 ZERO_COPY_MIN = 64 * 1024             # bytes objects this large are sent without a copy (pyzmq: slower below)
 WELCOME = b"\xffmsgq-welcome\xff"     # never a valid Cap'n Proto message (segment count 2^32)
@@ -83,53 +91,23 @@ def _ipc_path(endpoint: str) -> str:
   if len(path) > 100: raise IpcError(f"ipc path too long for a unix socket ({len(path)} > 100): {path}")
   return path
 
-def _hwm(max_size: int) -> int: return max(16, min(1000, QUEUE_BYTES // max(max_size, 1)))
+def queue_len(msg_size: int) -> int:
+  """High-water mark (messages) for a queue of messages up to msg_size bytes that holds at least QUEUE_BYTES (and at
+  least one message). Twice that count: libzmq learns what the other end of a queue took only every hwm/2 messages,
+  so a queue reports full anywhere between half and all of its high-water mark."""
+  return 2 * math.ceil(QUEUE_BYTES / (msg_size + MSG_OVERHEAD))
 
 class Context:
   """The process's ZMQ context (one per process; a forked child gets its own)."""
   def __init__(self): self.context = zmq.Context.instance()
   def term(self) -> None: pass   # the shared instance lives as long as the process
 
-class PubSocket:
-  def __init__(self): self.sock = None
+class _PubState:
+  """What a publisher shares with its pump thread: the thread holds this, never the PubSocket."""
+  def __init__(self, sock: zmq.Socket):
+    self.sock, self.readers, self.mutex, self.closed, self.largest = sock, 0, threading.Lock(), False, 0
 
-  def connect(self, context: Context, endpoint: str, max_size: int = DEFAULT_MAX_SIZE) -> None:
-    self.endpoint, self.path, self.max_size = endpoint, (path := _ipc_path(endpoint)), max_size
-    self._lock_fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    # a subscriber probing for a publisher holds a shared lock for a few microseconds: retry briefly
-    deadline = time.monotonic() + 0.05
-    while True:
-      try:
-        fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        break
-      except OSError as e:
-        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN) and time.monotonic() < deadline:
-          time.sleep(0.001)
-          continue
-        os.close(self._lock_fd)
-        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-          raise MultiplePublishersError(f"endpoint {endpoint!r} already has a publisher ({path})") from None
-        raise IpcError(f"cannot lock {path}.lock: {e}") from None
-    s = context.context.socket(zmq.XPUB)
-    s.setsockopt(zmq.LINGER, 0)
-    s.setsockopt(zmq.SNDHWM, _hwm(max_size))
-    s.setsockopt(zmq.XPUB_NODROP, 0)
-    # manual subscriptions: every subscribe reaches us (a reader count) and takes effect when we apply it; the next
-    # message we send then goes to that subscriber alone: its welcome, which therefore follows a live subscription
-    s.setsockopt(zmq.XPUB_MANUAL_LAST_VALUE, 1)
-    try:
-      s.bind("ipc://" + path)   # libzmq removes a socket file left by a dead publisher first
-      if (tcp := os.environ.get("MSGQ_TCP", "")) not in ("", "0"):
-        s.bind(f"tcp://{'127.0.0.1' if tcp == '1' else tcp}:{tcp_port(endpoint)}")
-    except zmq.ZMQError as e:
-      s.close(); os.close(self._lock_fd)
-      raise IpcError(f"cannot publish {endpoint!r}: {e}") from None
-    self.sock, self.readers, self._mutex, self._closed = s, 0, threading.Lock(), False
-    # the pump holds only a weak reference, so a publisher dropped without close() is still closed (by __del__)
-    self._pump = threading.Thread(target=_pump, args=(weakref.ref(self), s.getsockopt(zmq.FD)), name=f"msgq-pub-{endpoint}", daemon=True)
-    self._pump.start()
-
-  def _process(self) -> None:
+  def process(self) -> None:
     # caller holds the mutex; reading EVENTS makes ZMQ attach new subscribers and queue their (un)subscriptions
     while self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
       sub = self.sock.recv(zmq.NOBLOCK)
@@ -141,22 +119,79 @@ class PubSocket:
         self.sock.setsockopt(zmq.UNSUBSCRIBE, sub[1:])
         self.readers = max(0, self.readers - 1)
 
+def _pump(st: _PubState, fd: int, wake: int) -> None:
+  """Applies subscriptions while the application is not sending. The 0.1 s timeout: a send() on the application's
+  thread can consume the ZMQ fd's edge while leaving a subscription queued."""
+  while True:
+    try: ready = select.select([fd, wake], [], [], 0.1)[0]
+    except (OSError, ValueError): return
+    if wake in ready: return
+    with st.mutex:
+      if st.closed: return
+      try: st.process()
+      except zmq.ZMQError: return
+
+class PubSocket:
+  def __init__(self): self._st: _PubState | None = None
+
+  def connect(self, context: Context, endpoint: str, max_size: int = DEFAULT_MAX_SIZE) -> None:
+    self.endpoint, self.path, self.max_size = endpoint, (path := _ipc_path(endpoint)), max_size
+    lock_fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    # a subscriber probing for a publisher holds a shared lock for a few microseconds: retry briefly
+    deadline = time.monotonic() + 0.05
+    while True:
+      try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        break
+      except OSError as e:
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN) and time.monotonic() < deadline:
+          time.sleep(0.001)
+          continue
+        os.close(lock_fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+          raise MultiplePublishersError(f"endpoint {endpoint!r} already has a publisher ({path})") from None
+        raise IpcError(f"cannot lock {path}.lock: {e}") from None
+    s = context.context.socket(zmq.XPUB)
+    s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.SNDHWM, queue_len(0))   # lowered as larger messages are sent (libzmq applies it to existing peers)
+    s.setsockopt(zmq.XPUB_NODROP, 0)
+    # manual subscriptions: every subscribe reaches us (a reader count) and takes effect when we apply it; the next
+    # message we send then goes to that subscriber alone: its welcome, which therefore follows a live subscription
+    s.setsockopt(zmq.XPUB_MANUAL_LAST_VALUE, 1)
+    try:
+      s.bind("ipc://" + path)   # libzmq removes a socket file left by a dead publisher first
+      if (tcp := os.environ.get("MSGQ_TCP", "")) not in ("", "0"):
+        s.bind(f"tcp://{'127.0.0.1' if tcp == '1' else tcp}:{tcp_port(endpoint)}")
+    except zmq.ZMQError as e:
+      s.close(); os.close(lock_fd)
+      raise IpcError(f"cannot publish {endpoint!r}: {e}") from None
+    self._lock_fd, self._wake, self._st = lock_fd, os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK), _PubState(s)
+    self._pump = threading.Thread(target=_pump, args=(self._st, s.getsockopt(zmq.FD), self._wake), name=f"msgq-pub-{endpoint}", daemon=True)
+    self._pump.start()
+
+  @property
+  def readers(self) -> int: return self._st.readers
+
   def send(self, data: bytes | bytearray | memoryview) -> int:
     """Queue data for every subscriber; never blocks (a subscriber whose queue is full misses it).
     bytes are sent without a copy when large; mutable buffers are copied, so the caller may reuse them."""
-    if len(data) > self.max_size:
-      raise ValueError(f"message of {len(data)} bytes is larger than {self.endpoint!r}'s max_size {self.max_size}")
-    with self._mutex:
-      if self._closed: raise IpcError(f"send on closed publisher {self.endpoint!r}")
-      self.sock.send(data, copy=not (isinstance(data, bytes) and len(data) >= ZERO_COPY_MIN))
-    return len(data)
+    if (n := len(data)) > self.max_size:
+      raise ValueError(f"message of {n} bytes is larger than {self.endpoint!r}'s max_size {self.max_size}")
+    st = self._st
+    with st.mutex:
+      if st.closed: raise IpcError(f"send on closed publisher {self.endpoint!r}")
+      if n > st.largest:   # queues stay bounded in bytes: fewer messages once they are larger
+        st.largest = n
+        st.sock.setsockopt(zmq.SNDHWM, queue_len(n))
+      st.sock.send(data, copy=not (isinstance(data, bytes) and n >= ZERO_COPY_MIN))
+    return n
 
   def all_readers_updated(self) -> bool:
     """True when at least one reader is subscribed. ZMQ delivers every message to every subscribed reader in
     order but cannot report what a reader consumed, so this cannot mean more than openpilot's 'has readers'."""
-    with self._mutex:
-      self._process()
-      return self.readers > 0
+    with self._st.mutex:
+      self._st.process()
+      return self._st.readers > 0
 
   def wait_for_readers(self, timeout: float | None = None) -> bool:
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -166,29 +201,20 @@ class PubSocket:
     return True
 
   def close(self) -> None:
-    if self.sock is None or self._closed: return
-    with self._mutex:
-      self._closed = True
-      self.sock.close(0)
-    if self._pump is not threading.current_thread(): self._pump.join(1)
+    """Stop the pump, close the socket, free the endpoint. Idempotent; also runs when the last reference goes."""
+    if (st := self._st) is None or st.closed: return
+    with st.mutex: st.closed = True
+    os.eventfd_write(self._wake, 1)
+    if not sys.is_finalizing(): self._pump.join()   # at interpreter exit a daemon thread can no longer run to its end
+    st.sock.close(0)
     try: os.unlink(self.path)   # libzmq leaves the socket file; we still hold the endpoint's lock, so it is ours
     except FileNotFoundError: pass
     os.close(self._lock_fd)
+    os.close(self._wake)
 
-  def __del__(self):
-    try: self.close()
-    except Exception: pass
-
-def _pump(ref: weakref.ref, fd: int) -> None:
-  while True:
-    try: select.select([fd], [], [], 0.1)
-    except (OSError, ValueError): return
-    if (pub := ref()) is None: return
-    with pub._mutex:
-      if pub._closed: return
-      try: pub._process()
-      except zmq.ZMQError: return
-    del pub
+  def __enter__(self): return self
+  def __exit__(self, *exc) -> None: self.close()
+  def __del__(self): self.close()
 
 class SubSocket:
   def __init__(self): self.sock, self.timeout, self._pending, self._rcvtimeo = None, None, None, -1
@@ -201,7 +227,7 @@ class SubSocket:
     # connection for good. It is kept at 4x, only to bound the memory a foreign publisher can make us queue.
     s = context.context.socket(zmq.SUB)
     s.setsockopt(zmq.LINGER, 0)
-    s.setsockopt(zmq.RCVHWM, 1 if conflate else _hwm(max_size))
+    s.setsockopt(zmq.RCVHWM, 1 if conflate else queue_len(max_size))
     s.setsockopt(zmq.MAXMSGSIZE, max(4 * max_size, len(WELCOME)))
     s.setsockopt(zmq.RECONNECT_IVL, 20)
     s.setsockopt(zmq.RECONNECT_IVL_MAX, int(RECONNECT_IVL_MAX_S * 1000))
@@ -242,6 +268,10 @@ class SubSocket:
   def close(self) -> None:
     if self.sock is not None: self.sock.close(0); self.sock = None
 
+  def __enter__(self): return self
+  def __exit__(self, *exc) -> None: self.close()
+  def __del__(self): self.close()
+
 def _publisher_alive(path: str) -> bool:
   try: fd = os.open(path + ".lock", os.O_RDONLY | os.O_CLOEXEC)
   except OSError: return False
@@ -258,6 +288,14 @@ class Poller:
   def registerSocket(self, sock: SubSocket) -> None:
     self.sockets[sock.sock] = sock
     self.poller.register(sock.sock, zmq.POLLIN)
+
+  def close(self) -> None:
+    """Forget every socket (it holds them, as openpilot's does; it owns no file descriptor itself)."""
+    for zs in self.sockets: self.poller.unregister(zs)
+    self.sockets.clear()
+
+  def __enter__(self): return self
+  def __exit__(self, *exc) -> None: self.close()
 
   def poll(self, timeout: int) -> list[SubSocket]:
     """The sockets with a message ready, waiting up to timeout ms (-1 forever) for the first one. A ready

@@ -33,11 +33,15 @@ def finalize(path: Path) -> None:
   data, problem = read_log_file(path)
   if problem: raise OSError(f"{path}: {problem}")
   tmp = path.with_name(path.name + ".tmp")
-  with open(tmp, "wb") as f:
-    f.write(zstd.ZstdCompressor(level=FINAL_LEVEL, write_checksum=True).compress(data))
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  try:
+    with open(tmp, "wb") as f:
+      f.write(zstd.ZstdCompressor(level=FINAL_LEVEL, write_checksum=True).compress(data))
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except OSError:   # a full disk, say: the log stays as it was, a sequence of frames
+    tmp.unlink(missing_ok=True)
+    raise
 
 class LogFile:
   """One zstd log being written: write() compresses, flush() ends a frame and hands it to the OS (from then on it
@@ -53,8 +57,8 @@ class LogFile:
     self.f.flush()
 
   def close(self) -> None:
-    self.z.close()
-    self.f.close()
+    try: self.z.close()
+    finally: self.f.close()
     finalize(self.path)
 
 class RouteWriter:
@@ -89,7 +93,16 @@ class RouteWriter:
       for f in logs: f.flush()
 
   def close_segment(self, n: int) -> None:
-    for f in self.logs.pop(n): f.close()
+    errors = []
+    for f in self.logs.pop(n):
+      try: f.close()
+      except OSError as e: errors.append(e)
+    if errors: raise errors[0]
 
   def close(self) -> None:
-    for n in list(self.logs): self.close_segment(n)
+    """Close every open segment; the first error (a full disk) is raised once all were tried."""
+    errors = []
+    for n in list(self.logs):
+      try: self.close_segment(n)
+      except OSError as e: errors.append(e)
+    if errors: raise errors[0]

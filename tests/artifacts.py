@@ -14,14 +14,19 @@ UNSERVED_LAYOUT = NV12Layout.packed(96, 64)  # a layout no artifact serves
 
 @functools.cache   # once per process: test files that share a build check it once
 def build(out: pathlib.Path = CACHE, layouts: tuple[NV12Layout, ...] = (LAYOUT, ALT_LAYOUT), family: str | None = None,
-          models: str = 'reference') -> pathlib.Path:
+          models: str = 'reference', widths: tuple[tuple[str, int], ...] = ()) -> pathlib.Path:
   """modeld-compile for the given layouts (both families unless one is named); returns the artifact dir.
-  models: 'reference' (the built-in models) or 'tiny' (the tiny ONNX models of tests/onnx_models.py: seconds to build)."""
+  models: 'reference' (the built-in models) or 'tiny' (the tiny ONNX models of tests/onnx_models.py: seconds to build).
+  widths: (output, width) pairs whose tiny-model output slices get that width instead of the contract's, from the same
+  start (a model whose outputs the daemons cannot parse)."""
   if models == 'tiny':
     from onnx_models import vision_onnx, policy_onnx, dm_onnx
+    from modelrt.constants import VISION_OUTPUT_SIZES, POLICY_OUTPUT_SIZES, DM_OUTPUT_SIZES, slices_from_sizes
+    def cut(sizes): return {k: slice(v.start, v.start + dict(widths).get(k, v.stop - v.start)) for k, v in slices_from_sizes(sizes).items()}
     (src := out / 'onnx').mkdir(parents=True, exist_ok=True)
-    srcs = ['--vision-onnx', str(vision_onnx(src / 'vision.onnx')), '--policy-onnx', str(policy_onnx(src / 'policy.onnx')),
-            '--dm-onnx', str(dm_onnx(src / 'dm.onnx'))]
+    srcs = ['--vision-onnx', str(vision_onnx(src / 'vision.onnx', output_slices=cut(VISION_OUTPUT_SIZES))),
+            '--policy-onnx', str(policy_onnx(src / 'policy.onnx', output_slices=cut(POLICY_OUTPUT_SIZES))),
+            '--dm-onnx', str(dm_onnx(src / 'dm.onnx', output_slices=cut(DM_OUTPUT_SIZES)))]
   else: srcs = ['--reference']
   cmd = [sys.executable, '-m', 'modelrt.compile', *srcs, '--quiet', '--out', str(out), *[a for l in layouts for a in ('--camera', str(l))]]
   if family: cmd += ['--family', family]

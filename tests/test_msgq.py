@@ -1,10 +1,10 @@
 """msgq pub/sub: every guarantee of msgq/pubsub.py, with real ZMQ sockets and real processes (spawned, not forked)."""
-import gc, hashlib, multiprocessing, os, signal, socket, stat, time
+import gc, hashlib, math, multiprocessing, os, signal, socket, stat, time
 from contextlib import contextmanager
 import pytest
 
 import msgq
-from msgq.pubsub import _fnv1a64, _hwm, is_local
+from msgq.pubsub import MSG_OVERHEAD, QUEUE_BYTES, _fnv1a64, is_local, queue_len
 
 CTX = multiprocessing.get_context("spawn")
 MiB = 1024 * 1024
@@ -13,8 +13,9 @@ SMALL = 64 * 1024   # max_size of most services: the high-water mark is 1000 mes
 # ---- child processes ----
 
 def _publisher(endpoint: str, conn, max_size: int = msgq.DEFAULT_MAX_SIZE) -> None:
-  """A publisher driven through a pipe: ("send", [msgs]) sends them at once; ("spam", msg) sends msg every 2 ms
-  until the next command; ("readers", s) waits for a reader. Replies to every command."""
+  """A publisher driven through a pipe: ("send", [msgs]) sends them at once; ("burst", (n, size)) sends n messages of
+  size bytes, numbered from 0 in their first 4 bytes, as fast as it can; ("spam", msg) sends msg every 2 ms until the
+  next command; ("readers", s) waits for a reader. Replies to every command."""
   try: pub = msgq.pub_sock(endpoint, max_size)
   except msgq.IpcError as e:
     conn.send(("error", type(e).__name__)); return
@@ -23,6 +24,10 @@ def _publisher(endpoint: str, conn, max_size: int = msgq.DEFAULT_MAX_SIZE) -> No
     op, arg = cmd
     if op == "send":
       for m in arg: pub.send(m)
+      conn.send("sent")
+    elif op == "burst":
+      n, size = arg
+      for i in range(n): pub.send(i.to_bytes(4, "little") * (size // 4))
       conn.send("sent")
     elif op == "spam":
       conn.send("spamming")
@@ -253,7 +258,7 @@ def test_slow_or_dead_subscriber_never_blocks_the_publisher_and_memory_stays_bou
       pub.send(template)   # a mutable buffer: copied, so every queued message is its own MiB
     elapsed, growth = time.monotonic() - t, _rss() - before
     # each of the three subscribers may hold at most a high-water mark of messages in the publisher
-    budget = 3 * _hwm(max_size) * size + 64 * MiB
+    budget = 3 * queue_len(size) * size + 64 * MiB
     assert growth <= budget, f"publisher RSS grew {growth / MiB:.0f} MiB sending {n} MiB to stalled readers (budget {budget / MiB:.0f})"
     assert elapsed < 20, f"publisher took {elapsed:.1f} s for {n} sends: stalled readers slowed it"
     # the publisher kept going: the healthy reader gets a message sent after all that
@@ -263,6 +268,54 @@ def test_slow_or_dead_subscriber_never_blocks_the_publisher_and_memory_stays_bou
       if ask(healthy, ("?", None))[1] == b"last": break
     else: raise AssertionError("healthy subscriber never got the last message")
     os.kill(stopped.pid, signal.SIGCONT)
+  pub.close()
+
+def test_a_burst_of_10000_messages_from_another_process_all_arrive_in_order():
+  """On an endpoint outside the services table (16 MiB max_size): the queues are bounded in bytes, not by the
+  largest message the endpoint allows, so a reader that keeps reading loses nothing."""
+  n, size = 10_000, 1024
+  with child(_publisher, "ep") as (_, conn, _):
+    sub = msgq.sub_sock("ep", timeout=2000)
+    assert ask(conn, ("burst", (n, size))) == "sent"
+    got = []
+    while len(got) < n and (m := sub.receive()) is not None: got.append(m)
+    assert len(got) == n, f"{len(got)} of {n} messages arrived"
+    assert got == [i.to_bytes(4, "little") * (size // 4) for i in range(n)]
+  sub.close()
+
+def test_a_reader_stopped_for_10s_neither_blocks_the_publisher_nor_grows_its_memory():
+  """A reader SIGSTOPped for 10 s while the publisher sends 64 KiB messages all along, next to a healthy reader. The
+  publisher keeps sending far more than the stopped reader's queue holds, its memory grows by at most the two queues,
+  and once resumed the reader gets what its queue held: at least QUEUE_BYTES (here 1,023 messages)."""
+  size, stop_s = 64 * 1024, 10
+  pub = msgq.pub_sock("ep")
+  with child(_subscriber, "ep", "count") as (stopped, sconn, _), child(_subscriber, "ep", "count") as (_, healthy, _):
+    assert pub.wait_for_readers(5)
+    msg = bytearray(os.urandom(size))   # mutable: copied at each send, so every queued message is its own 64 KiB
+    pub.send(msg)
+    deadline = time.monotonic() + 5
+    while ask(sconn, ("?", None))[0] == 0: assert time.monotonic() < deadline   # the stopped one has been reading
+    before_n = ask(sconn, ("?", None))[0]
+    os.kill(stopped.pid, signal.SIGSTOP)
+    before, sent, t_end = _rss(), 0, time.monotonic() + stop_s
+    while time.monotonic() < t_end:
+      for _ in range(50):   # in bursts, with a pause: a full core, not both
+        msg[:4] = sent.to_bytes(4, "little")
+        pub.send(msg)
+        sent += 1
+      time.sleep(0.005)
+    growth = _rss() - before
+    os.kill(stopped.pid, signal.SIGCONT)
+    queue = math.ceil(QUEUE_BYTES / (size + MSG_OVERHEAD))   # messages a queue holds at least
+    assert sent > 10 * queue_len(size), f"only {sent} sends in {stop_s} s: the publisher was held up"
+    budget = 2 * queue_len(size) * (size + MSG_OVERHEAD) + 32 * MiB   # the stopped reader's queue and the healthy one's, at most
+    assert growth <= budget, f"publisher RSS grew {growth / MiB:.0f} MiB in {sent} sends (budget {budget / MiB:.0f} MiB)"
+    deadline = time.monotonic() + 10
+    while (got := ask(sconn, ("?", None))[0] - before_n) < queue: assert time.monotonic() < deadline, f"resumed reader got {got} of {queue}"
+    while True:   # and the healthy reader is current
+      pub.send(b"last")
+      if ask(healthy, ("?", None))[1] == b"last": break
+      assert time.monotonic() < deadline, "healthy subscriber never got the last message"
   pub.close()
 
 # ---- sizes ----

@@ -3,6 +3,7 @@ file's options reach the daemons' command lines, and the daemons accept them."""
 import importlib.util, json, os, re, shlex, shutil, signal, subprocess, sys, tempfile
 from pathlib import Path
 import pytest
+from artifacts import CACHE, build
 
 REPO = Path(__file__).resolve().parents[1]
 BINDIR = Path(sys.executable).parent   # the venv's console scripts (installed by `make setup`)
@@ -167,7 +168,8 @@ def test_env_file_reaches_command_line(staged, tmp_path):
   assert r.returncode == 0, r.stderr   # served the 3 frames of the scene and ended
   md = exec_start(unit_text(staged, 'modeld.service'), env)
   assert md[1:] == ['--artifacts', f'{tmp_path}/my artifacts', '--sensor', 'os04c10', '--camera-server', 'cam2']
-  # modeld accepts them: it starts waiting for camera server cam2 (no usage error), and stops cleanly on SIGTERM
+  shutil.copytree(build(CACHE.parent / 'tiny', models='tiny'), tmp_path / 'my artifacts')   # checked before any camera
+  # modeld accepts them: it loads the artifact, waits for camera server cam2 (no usage error), stops cleanly on SIGTERM
   p = subprocess.Popen(md, env=proc_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   try:
     seen = ''

@@ -1,11 +1,11 @@
 """VisionIPC with real processes, real shared memory and real sockets: servers in child processes driven over a pipe,
 clients here or in their own processes."""
-import logging, multiprocessing as mp, os, signal, socket, stat, sys, time, uuid
+import json, logging, multiprocessing as mp, os, signal, socket, stat, sys, time, uuid
 import numpy as np
 import pytest
 from msgq import runtime_dir
 from msgq.visionipc import VisionIpcServer, VisionIpcClient, VisionStreamType, NV12Layout, ROAD, DRIVER, WIDE_ROAD
-from msgq.visionipc.wire import FRAME, MAGIC
+from msgq.visionipc.wire import FRAME, MAGIC, OP_BUFFERS, REQUEST, VERSION
 
 ctx = mp.get_context("spawn")
 PADDED = NV12Layout.aligned(96, 64)   # stride 128, UV at 8192: padding after every row and between the planes
@@ -312,5 +312,39 @@ def test_a_silent_handshake_blocks_neither_send_nor_connected_clients(name):
       silent.connect(s.path)   # occupies the listener until its handshake times out
       s.send(ROAD, frame_bytes(PACKED, 4), 4)
       assert c.recv(2000).frame_id == 4
-      assert VisionIpcClient(name, ROAD, False).connect(True)   # served once the silent one timed out
+      assert VisionIpcClient(name, ROAD, False).connect(False)   # served while the silent one waits
     c.close()
+
+def test_garbage_on_the_handshake_socket_silent_and_deaf_clients_affect_nobody(name):
+  """Garbage and truncated requests get an error reply; clients that connect and say nothing, or ask and never read
+  the reply, or subscribe and never read a frame, hold up neither the server nor a client that connects meanwhile
+  (one non-blocking try: a single handshake with its 2 s timeout) nor one that reads every frame."""
+  with VisionIpcServer(name) as s:
+    s.create_buffers(ROAD, 4, 64, 48)
+    s.start_listener()
+    good, lazy = VisionIpcClient(name, ROAD, False), VisionIpcClient(name, ROAD, False)
+    assert good.connect(True) and lazy.connect(True)   # lazy never calls recv()
+    req = REQUEST.pack(MAGIC, VERSION, OP_BUFFERS, ROAD)
+    junk = [b"x", req[:-1], req + b"\0", b"NOPE" + req[4:], REQUEST.pack(MAGIC, VERSION + 1, OP_BUFFERS, ROAD), os.urandom(64), os.urandom(4096)]
+    for j in junk:
+      with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as c:
+        c.settimeout(5)
+        c.connect(s.path)
+        c.send(j)
+        assert "error" in json.loads(c.recv(65536)), j
+    held = []
+    for i in range(20):
+      held.append(c := socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET))
+      c.connect(s.path)
+      if i % 2: c.send(req)   # asks, never reads (the reply carries the buffers' fd)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as c:
+      c.connect(s.path)   # truncated: gone before its request
+    late = VisionIpcClient(name, ROAD, False)
+    assert late.connect(False), "a client connecting next to silent ones was not served"
+    n = 3000
+    for f in range(n): s.send(ROAD, frame_bytes(PACKED, f), f)   # never blocks on lazy's full queue
+    got = [b.frame_id for _ in range(n) if (b := good.recv(2000)) is not None]
+    assert got == list(range(n)) and late.recv(2000).frame_id == 0
+    for c in held: c.close()
+    assert VisionIpcClient.available_streams(name, False) == {ROAD}
+    for c in (good, lazy, late): c.close()

@@ -7,7 +7,7 @@ Crash safety: the logs are flushed as complete zstd frames every --flush-seconds
 moments of the log (and the frames being encoded); closed segments are complete.
 """
 from __future__ import annotations
-import argparse, logging, queue, sys, threading, time
+import argparse, errno, logging, queue, sys, threading, time
 from datetime import datetime
 from pathlib import Path
 from common.service import Stats, StopFlag, Watchdog, notify, set_process_title, setup_logging
@@ -180,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     counts = record(args.services or logged, path, args.segment_seconds, args.flush_seconds, stop, args.seconds, cameras,
                     args.camerad_name, args.lossless)
   except (OSError, RuntimeError) as e:
-    log.error("%s", e)
+    full = getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+    log.error("%s%s", e, ": recording stopped; the segments before the last are complete" if full else "")
     return 1
   log.info("recorded %d messages to %s (%s)", sum(counts.values()), path, ", ".join(f"{s} {n}" for s, n in counts.items() if n) or "nothing")
   return 0

@@ -13,16 +13,15 @@ class VisionIpcClient:
   next connect() maps the new buffers. The old mappings stay mapped, so from_blob tensors over them stay safe, until
   the owner drops those tensors and calls release_old_mappings(). A tensor over an unmapped buffer is a segfault."""
   def __init__(self, name: str, stream: int, conflate: bool = False):
-    self.name, self.stream, self.conflate = check_name(name), check_stream(stream), conflate
     self.server_id: int | None = None
+    self._sock, self._old_rings = None, []   # before the checks: close() (from __del__) needs them
+    self.name, self.stream, self.conflate = check_name(name), check_stream(stream), conflate
     self.width = self.height = self.stride = self.uv_offset = self.buffer_len = self.num_buffers = 0
     self.frame_id = self.timestamp_sof = self.timestamp_eof = 0
     self.bad_packets = 0   # garbage or truncated packets seen (and ignored) on the stream's topic
     self.layout: NV12Layout | None = None
     self._ring: Ring | None = None
-    self._old_rings: list[Ring] = []
     self._old_ids: set[int] = set()
-    self._sock = None
 
   def is_connected(self) -> bool: return self.server_id is not None
 
@@ -94,13 +93,14 @@ class VisionIpcClient:
     return len(self._old_rings)
 
   def close(self) -> None:
-    """Disconnect and unmap everything (drop from_blob tensors first)."""
+    """Disconnect and unmap everything (drop from_blob tensors first). Also runs when the last reference goes."""
     if self.is_connected(): self._disconnect()
     self.release_old_mappings()
     if self._sock is not None: self._sock.close(); self._sock = None
 
   def __enter__(self): return self
   def __exit__(self, *exc) -> None: self.close()
+  def __del__(self): self.close()
 
   @staticmethod
   def available_streams(name: str, block: bool) -> set[int]:

@@ -1,5 +1,5 @@
 """VisionIpcServer: owns the camera rings (one memfd per stream), hands them to clients, publishes frames."""
-import atexit, errno, fcntl, json, logging, os, socket, struct, threading
+import atexit, errno, fcntl, json, logging, os, selectors, socket, struct, sys, threading, time, weakref
 import numpy as np
 from msgq.pubsub import IpcError, pub_sock
 from msgq.visionipc.buffers import Ring, VisionBuf
@@ -8,22 +8,32 @@ from msgq.visionipc.wire import (FRAME, MAGIC, MAX_PACKET, OP_BUFFERS, OP_STREAM
                                  check_stream, endpoint, socket_path)
 
 MAX_BUFFERS = 1024
+HANDSHAKE_TIMEOUT = 1.0   # s a connected client has to send its request; others are served meanwhile
 log = logging.getLogger("msgq.visionipc")
 
 class _Stream:
   def __init__(self, fd: int, ring: Ring, pub):
     self.fd, self.ring, self.pub, self.next, self.seq = fd, ring, pub, 0, 0
 
+_live: "weakref.WeakSet[VisionIpcServer]" = weakref.WeakSet()
+
+@atexit.register
+def _close_live() -> None:
+  """Interpreter exit closes every server still open (removes its socket and lock files)."""
+  for s in list(_live): s.close()
+
 class VisionIpcServer:
   """One per camera process and name. Buffers are memfds: nothing in /dev/shm, and the memory goes with its last user.
-  close() (or `with`, or interpreter exit) removes the socket file; a crashed server's stale one is replaced."""
+  close() (or `with`, or dropping the last reference, or interpreter exit) removes the socket file; a crashed server's
+  stale one is replaced. The listener thread holds the streams, never the server, so no cycle keeps a dropped one alive."""
   def __init__(self, name: str):
+    self._closed, self._thread = True, None   # until the name is ours: close() then has nothing to free
     self.name, self.path = check_name(name), socket_path(name)
     self.server_id = int.from_bytes(os.urandom(8), "little") | 1   # never 0
     self._lock_fd = _lock(self.path + ".lock", f"VisionIPC server {name!r} is already running")
     self._streams: dict[int, _Stream] = {}
-    self._sock, self._thread, self._closed = None, None, False
-    atexit.register(self.close)
+    self._sock, self._closed = None, False
+    _live.add(self)
 
   def create_buffers(self, stream: int, count: int, width: int, height: int) -> None:
     """`count` packed NV12 buffers (stride = width, UV right after Y)."""
@@ -51,39 +61,13 @@ class VisionIpcServer:
     if self._sock is not None: return
     try: os.unlink(self.path)   # we hold the name's lock, so a socket file here is a crashed server's
     except FileNotFoundError: pass
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
     s.bind(self.path)
     s.listen(64)
-    s.settimeout(0.1)
-    self._sock = s
-    self._thread = threading.Thread(target=self._listen, name=f"visionipc-{self.name}", daemon=True)
+    self._sock, self._wake = s, os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+    self._thread = threading.Thread(target=_listen, args=(s, self._wake, self.name, self.server_id, self._streams),
+                                    name=f"visionipc-{self.name}", daemon=True)
     self._thread.start()
-
-  def _listen(self) -> None:
-    while not self._closed:
-      try: conn, _ = self._sock.accept()
-      except TimeoutError: continue
-      except OSError: return
-      with conn:
-        conn.settimeout(1.0)   # a client that connects and says nothing delays the next handshake by this much, at most
-        try: self._serve(conn)
-        except OSError: pass   # the client went away mid-handshake
-        except Exception as e: log.warning("VisionIPC server %r: handshake failed: %r", self.name, e)   # keep listening
-
-  def _serve(self, conn: socket.socket) -> None:
-    req = conn.recv(64)
-    try: magic, version, op, stream = REQUEST.unpack(req)
-    except struct.error: magic = None
-    if magic != MAGIC or version != VERSION:
-      conn.send(json.dumps({"error": f"expected a VisionIPC v{VERSION} request, got {req[:16]!r}"}).encode())
-    elif op == OP_STREAMS:
-      conn.send(json.dumps({"server_id": self.server_id, "streams": sorted(self._streams)}).encode())
-    elif (s := self._streams.get(stream)) is None or op != OP_BUFFERS:
-      conn.send(json.dumps({"error": f"server {self.name!r} does not serve stream {stream} (it serves {sorted(self._streams)})"}).encode())
-    else:
-      r = s.ring
-      socket.send_fds(conn, [json.dumps({"server_id": self.server_id, "stream": stream, "layout": str(r.layout), "count": r.count,
-                                         "offsets": r.offsets, "trailer_offset": r.trailer_offset}).encode()], [s.fd])
 
   def _stream(self, stream: int) -> _Stream:
     if (s := self._streams.get(stream)) is None:
@@ -121,10 +105,14 @@ class VisionIpcServer:
     return self._streams[stream].pub.all_readers_updated()
 
   def close(self) -> None:
+    """Stop the listener, remove the socket and lock files, close the topics and buffers. Idempotent."""
     if self._closed: return
     self._closed = True
-    atexit.unregister(self.close)
-    if self._thread is not None: self._thread.join(1)
+    _live.discard(self)
+    if self._thread is not None:
+      os.eventfd_write(self._wake, 1)
+      if not sys.is_finalizing(): self._thread.join()   # at interpreter exit a daemon thread can no longer run to its end
+      os.close(self._wake)
     if self._sock is not None:
       self._sock.close()
       try: os.unlink(self.path)
@@ -133,11 +121,61 @@ class VisionIpcServer:
       s.pub.close()
       os.close(s.fd)
       s.ring.close()   # views the producer still holds keep it mapped until they go
-    os.unlink(self.path + ".lock")   # still locked by us: nobody else can own this file now
+    try: os.unlink(self.path + ".lock")   # still locked by us: nobody else can own this file now
+    except FileNotFoundError: pass        # the runtime directory was removed under us
     os.close(self._lock_fd)
 
   def __enter__(self): return self
   def __exit__(self, *exc) -> None: self.close()
+  def __del__(self): self.close()
+
+def _listen(lsock: socket.socket, wake: int, name: str, server_id: int, streams: dict[int, _Stream]) -> None:
+  """Serve handshakes until `wake` is written. Every connection waits for its request on its own deadline, so a client
+  that connects and says nothing (or never reads its reply) delays nobody."""
+  with selectors.DefaultSelector() as sel:
+    sel.register(lsock, selectors.EVENT_READ)
+    sel.register(wake, selectors.EVENT_READ)
+    pending: dict[socket.socket, float] = {}
+    try:
+      while True:
+        timeout = max(0., min(pending.values()) - time.monotonic()) if pending else None
+        for key, _ in sel.select(timeout):
+          if key.fileobj == wake: return
+          if key.fileobj is lsock:
+            try: conn = lsock.accept()[0]
+            except OSError: continue   # the client gave up already
+            conn.setblocking(False)
+            sel.register(conn, selectors.EVENT_READ)
+            pending[conn] = time.monotonic() + HANDSHAKE_TIMEOUT
+          else:
+            conn = key.fileobj
+            try: _serve(conn, name, server_id, streams)
+            except OSError: pass   # the client went away mid-handshake, or its receive queue is full
+            except Exception as e: log.warning("VisionIPC server %r: handshake failed: %r", name, e)   # keep listening
+            del pending[conn]
+            sel.unregister(conn)
+            conn.close()
+        for conn in [c for c, t in pending.items() if t <= time.monotonic()]:   # said nothing in time
+          del pending[conn]
+          sel.unregister(conn)
+          conn.close()
+    finally:
+      for conn in pending: conn.close()
+
+def _serve(conn: socket.socket, name: str, server_id: int, streams: dict[int, _Stream]) -> None:
+  req = conn.recv(64)
+  try: magic, version, op, stream = REQUEST.unpack(req)
+  except struct.error: magic = None
+  if magic != MAGIC or version != VERSION:
+    conn.send(json.dumps({"error": f"expected a VisionIPC v{VERSION} request, got {req[:16]!r}"}).encode())
+  elif op == OP_STREAMS:
+    conn.send(json.dumps({"server_id": server_id, "streams": sorted(streams)}).encode())
+  elif (s := streams.get(stream)) is None or op != OP_BUFFERS:
+    conn.send(json.dumps({"error": f"server {name!r} does not serve stream {stream} (it serves {sorted(streams)})"}).encode())
+  else:
+    r = s.ring
+    socket.send_fds(conn, [json.dumps({"server_id": server_id, "stream": stream, "layout": str(r.layout), "count": r.count,
+                                       "offsets": r.offsets, "trailer_offset": r.trailer_offset}).encode()], [s.fd])
 
 def _lock(path: str, busy: str) -> int:
   """An exclusive flock on `path`, held as long as the returned fd. Retries if the file was unlinked under us."""

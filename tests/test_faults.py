@@ -1,0 +1,136 @@
+"""The fault battery's fast part, with the real daemons, real sockets and real processes (the long runs: scripts/soak.sh):
+a broken artifact fails at once, unparseable model outputs never crash a daemon, malformed messages on every input cost
+no output, and the recorder on a full disk stops with a clear error and leaves readable segments."""
+import os, re, shutil, subprocess, sys, time
+import numpy as np
+import pytest
+from cereal import messaging
+from cereal.services import CAMERA_STATE_SERVICES
+from msgq.visionipc import ROAD, WIDE_ROAD, DRIVER
+from artifacts import CACHE, LAYOUT, REPO, build
+from daemon_harness import Camera, Collector, Daemon, start_daemon
+from faults import MESSAGE_FAULTS, MessageFaults, can_mount_tmpfs, full_disk
+from common.daemon import EX_CONFIG, MAX_BAD_OUTPUTS
+from modelrt.constants import DM_OUTPUT_SIZES, VISION_OUTPUT_SIZES
+from modeld.main import ModelD
+from dmonitoringd.main import DMonitoringD
+from oproute.logreader import LogReader, segment_dirs
+
+DAEMONS = {'modeld': (ModelD, 'road', {ROAD: LAYOUT, WIDE_ROAD: LAYOUT}), 'dmonitoringd': (DMonitoringD, 'dm', {DRIVER: LAYOUT})}
+
+@pytest.fixture(scope='module')
+def artifacts(): return build(CACHE.parent / 'tiny', models='tiny')
+
+@pytest.mark.parametrize('daemon', DAEMONS)
+def test_an_altered_artifact_exits_78_before_waiting_for_a_camera(daemon, artifacts, tmp_path):
+  """No camera server at all: the daemon can only have checked the artifact first. The message is the loader's."""
+  bad = tmp_path / 'artifacts'
+  shutil.copytree(artifacts / (family := DAEMONS[daemon][1]), bad / family)
+  weights = bad / family / ('vision.bin' if family == 'road' else 'dm.bin')
+  with open(weights, 'r+b') as f:
+    f.seek(os.path.getsize(weights) // 2)
+    f.write(b'\xff' * 8)
+  d = Daemon(daemon, bad)
+  try: rc = d.proc.wait(60)
+  finally: d.stop()
+  err = d.stderr()
+  assert rc == EX_CONFIG, err
+  assert f"ArtifactError: {bad / family}: {weights.name} does not match its sha256 in the manifest. Rebuild with: " in err
+  assert 'waiting for camera server' not in err and 'Traceback' not in err
+
+@pytest.mark.parametrize('daemon,output,width', [('modeld', 'lead', 216), ('dmonitoringd', 'face_descs_lhd', 10)])
+def test_outputs_that_cannot_be_parsed_skip_frames_then_exit_78(daemon, output, width):
+  """A model whose `output` slice has the wrong width, compiled by modeld-compile. Every frame is skipped (nothing
+  published, counted), the daemon keeps going for MAX_BAD_OUTPUTS frames, then exits 78 naming the output, the width
+  the parser expects and the one the model gives; never a traceback. (face_descs_lhd 10 wide would parse into garbage
+  without an error: the size check catches what an exception would not.)"""
+  cls, family, streams = DAEMONS[daemon]
+  art = build(CACHE.parent / f'tiny-{output}-{width}', family=family, models='tiny', widths=((output, width),))
+  cam = Camera(streams)
+  d, notify = start_daemon(daemon, art)
+  col = Collector(cls.PUBLISHES)
+  try:
+    for n in range(1, 10 * MAX_BAD_OUTPUTS):
+      if d.proc.poll() is not None: break
+      cam.send(n)
+      time.sleep(0.05)   # the camera's pace; a frame it misses meanwhile is conflated away, not counted
+    rc = d.proc.wait(30)
+    col.poll()
+  finally:
+    d.stop()
+    cam.close(); col.close(); notify.close()
+  err, want = d.stderr(), {**VISION_OUTPUT_SIZES, **DM_OUTPUT_SIZES}[output]
+  assert rc == EX_CONFIG, err
+  assert f"OutputError: the outputs of {MAX_BAD_OUTPUTS} frames in a row could not be parsed, the last because output " \
+         f"'{output}': expected {want} values, got {width}" in err
+  assert re.search(rf"stopped; totals: .*\bbad_output={MAX_BAD_OUTPUTS}\b", err) and 'frames=' not in err.split('totals:')[-1]
+  assert all(m == [] for m in col.msgs.values()) and 'Traceback' not in err
+
+def test_a_hidden_state_of_another_width_is_refused_with_the_artifact():
+  """The road runner feeds hidden_state back to the policy itself, every frame: a model whose hidden_state is not the
+  policy's feature width cannot run at all, so the runner refuses it (exit 78 in the daemon), before any frame."""
+  from modelrt.artifact import ArtifactError
+  from modelrt.runner import RoadRunner
+  art = build(CACHE.parent / 'tiny-hidden_state-500', family='road', models='tiny', widths=(('hidden_state', 500),))
+  with pytest.raises(ArtifactError, match=r"vision output 'hidden_state': expected 512 values \(the policy's features\), got 500. Rebuild"):
+    RoadRunner(art, LAYOUT)
+
+@pytest.mark.parametrize('daemon', DAEMONS)
+def test_malformed_messages_at_100hz_on_every_input_cost_no_output(daemon, artifacts):
+  """Garbage, truncated messages and valid messages of the wrong type, 100 a second on every service the daemon
+  subscribes to (camera states from the camera's own publishers), while the camera sends 60 frames: every frame is
+  answered."""
+  cls, _, streams = DAEMONS[daemon]
+  cam = Camera(streams)
+  others = messaging.PubMaster([s for s in cls.SUBSCRIBES if s not in CAMERA_STATE_SERVICES.values()])
+  socks = {**others.sock, **{s: cam.pm.sock[s] for s in cls.SUBSCRIBES if s in cam.pm.sock}}
+  assert sorted(socks) == sorted(cls.SUBSCRIBES)
+  d, notify = start_daemon(daemon, artifacts)
+  col = Collector(cls.PUBLISHES)
+  faults = MessageFaults(socks, hz=100)
+  faults.start()
+  try:
+    for n in range(1, 61):
+      cam.send(n)
+      for s in cls.PUBLISHES: assert getattr(col.wait(s, n)[-1], s).frameId == n
+    counts = faults.stop()
+    d.wait_line(r'dropped malformed message on ')
+  finally:
+    faults.stop()
+    rc, _ = d.stop()
+    cam.close(); col.close(); notify.close(); others.close()
+  assert rc == 0 and all(counts[k] >= len(socks) * 10 for k in MESSAGE_FAULTS), counts
+
+def test_recorder_on_a_full_disk_stops_with_a_clear_error_and_readable_segments(tmp_path):
+  """modeld-record on a 96 KiB tmpfs, 0.3 s segments, fed carState as fast as it goes: it exits 1 saying the disk is
+  full, and every segment it finished reads back whole, byte-identical to what was sent."""
+  mount, keep = tmp_path / 'disk', tmp_path / 'kept'
+  mount.mkdir(); keep.mkdir()
+  if not can_mount_tmpfs(str(tmp_path / 'probe')): pytest.skip("no user namespace to mount a size-limited tmpfs in")
+  pm = messaging.PubMaster(['carState'])
+  cmd = [sys.executable, '-m', 'tools.record', 'carState', '--route', str(mount / 'r'), '--segment-seconds', '0.3', '--flush-seconds', '0.1']
+  p = subprocess.Popen(full_disk(cmd, 96 * 1024, str(mount), str(keep)), cwd=REPO, stderr=subprocess.PIPE, text=True)
+  sent, rng = [], np.random.default_rng(0)
+  try:
+    deadline = time.monotonic() + 60
+    while p.poll() is None and time.monotonic() < deadline:
+      for _ in range(10):
+        msg = messaging.new_message('carState')
+        msg.carState.vEgo = float(rng.random())   # random: compressed, each message still takes some room
+        sent.append(dat := msg.to_bytes())
+        pm.send('carState', dat)
+      time.sleep(0.001)
+    rc, err = p.wait(10), p.stderr.read()
+  finally:
+    if p.poll() is None: p.kill()
+    pm.close()
+  assert rc == 1 and 'Traceback' not in err, err
+  assert re.search(r"error modeld-record: \[Errno 28\] No space left on device.*: recording stopped; the segments before the last are complete", err), err
+  segs = segment_dirs(keep / 'r')
+  assert len(segs) >= 3, [s.name for s in segs]
+  got = []
+  for seg in segs[:-1]:
+    lr = LogReader(seg)
+    got += [dat for dat, ev in lr.raw() if ev.which() == 'carState']
+    assert lr.warnings == [], f"{seg.name}: {lr.warnings}"
+  assert got and got == sent[sent.index(got[0]):][:len(got)]   # in order, none missing in between
