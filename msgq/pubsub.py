@@ -34,7 +34,7 @@ Guarantees (each has a test in tests/test_msgq.py):
 
 Lifetimes: PubSocket, SubSocket and Poller free what they hold (endpoint lock, socket file, ZMQ socket, pump thread)
 in close(), at the end of a `with` block, or as soon as the last reference goes: the publisher's pump thread holds
-only a state object shared with it, never the PubSocket, so no cycle keeps one alive.
+only a state object shared with it, never the PubSocket, so no cycle keeps one alive (tests/test_lifetimes.py).
 """
 import errno, fcntl, logging, math, os, select, sys, threading, time
 import zmq
