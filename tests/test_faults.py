@@ -92,7 +92,9 @@ def test_malformed_messages_at_100hz_on_every_input_cost_no_output(daemon, artif
   try:
     for n in range(1, 61):
       cam.send(n)
-      for s in cls.PUBLISHES: assert getattr(col.wait(s, n)[-1], s).frameId == n
+      for s in cls.PUBLISHES:   # driverMonitoringState carries no frame id: one per frame is what counts
+        last = col.wait(s, n)[-1]
+        assert s == 'driverMonitoringState' or getattr(last, s).frameId == n
     counts = faults.stop()
     d.wait_line(r'dropped malformed message on ')
   finally:
