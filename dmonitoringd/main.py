@@ -69,7 +69,7 @@ class DMonitoringD(ModelDaemon):
       torn = buf.overwritten()
       raw = out.pop('raw')
       out, finite = finite_outputs(out)
-      dm = parse_dm_outputs(out)
+      dm = parse_dm_outputs(out, runner.artifact.contract)
       exec_time = time.perf_counter() - t0
       valid = finite and not torn and (self.calib.valid or not self.calib.errors)   # no calibration yet is fine, a bad one is not
       self.pm.send('driverStateV2', fill_driver_state(dm, buf.frame_id, exec_time, gpu_time, valid,
