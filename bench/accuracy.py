@@ -10,11 +10,13 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import numpy as np
 from tinygrad import Tensor, TinyJit
 from camerad.scene import load_scene
-from modelrt.constants import X_IDXS, T_IDXS, FRAME_SKIP, PLAN_VELOCITY, PLAN_ORIENTATION_RATE
+from modelrt.constants import X_IDXS, T_IDXS, FRAME_SKIP
+from modelrt.contracts import ROAD_V0_11_1
 from modelrt.reference import vision_model, policy_model, dm_model
 from modelrt.reference.evaluate import run_road, run_dm
 
 NEAR = (X_IDXS >= 10) & (X_IDXS <= 50)
+PLAN = ROAD_V0_11_1.plan
 ROAD_SCENES, DM_SCENES = ('straight', 'curve', 'lead_braking', 'lane_change'), ('driver_distracted', 'driver_blinking')
 
 class Runner:
@@ -58,10 +60,10 @@ def road_errors(rs: list[dict]) -> dict[str, tuple[np.ndarray, float, str]]:
       e['lead lateral'].append(abs(r['lead'][0, 0, 1] - lead['y']))
       e['lead speed (error/std)'].append(abs(r['lead'][0, 0, 2] - lead['v']) / r['lead_std'][0, 0, 2])
     elif not lead['present']: e['lead prob without lead'].append(r['lead_prob'][0])
-    e['ego speed'].append(abs(r['plan'][0, PLAN_VELOCITY][0] - tr['v_ego']) / tr['v_ego'])
+    e['ego speed'].append(abs(r['plan'][0, PLAN['velocity']][0] - tr['v_ego']) / tr['v_ego'])
     if tr['road']['curvature']:
-      v = r['plan'][0, PLAN_VELOCITY][0]
-      e['path curvature'].append(abs(np.interp(5.0, T_IDXS, r['plan'][:, PLAN_ORIENTATION_RATE][:, 2]) / v - tr['road']['curvature']) / tr['road']['curvature'])
+      v = r['plan'][0, PLAN['velocity']][0]
+      e['path curvature'].append(abs(np.interp(5.0, T_IDXS, r['plan'][:, PLAN['orientationRate']][:, 2]) / v - tr['road']['curvature']) / tr['road']['curvature'])
   targets = {'ego lane lines 10-50 m': (0.15, 'm'), 'adjacent lane lines 10-50 m': (0.15, 'm'), 'road edges 10-50 m': (0.25, 'm'),
              'lead distance': (0.10, 'rel'), 'lead lateral': (0.3, 'm'), 'lead prob without lead': (0.1, ''), 'lead speed (error/std)': (3.0, 'sigma'),
              'ego speed': (0.10, 'rel'), 'path curvature': (0.10, 'rel'), 'desire state wrong': (0.05, 'frames')}

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Model runtime benchmark: artifact load, first frame, steady replay, guard overhead, and onnxruntime as the baseline.
 
-Builds small ONNX models in openpilot's I/O contract (tests/onnx_models.py) into a temporary artifact for a
-1928x1208 camera, then prints one measurement per line; the last line is tinygrad/onnxruntime for the same models.
+Builds small ONNX models with openpilot v0.11.1's I/O and a few MB of weights (tests/onnx_models.py, dense) into a
+temporary artifact for a 1928x1208 camera, then prints one measurement per line; the last line is tinygrad/onnxruntime for the same models.
 Ratios only compare numbers measured in this run on this machine.
 """
 import pathlib, subprocess, sys, tempfile, time
@@ -29,7 +29,7 @@ def main() -> None:
   layout = NV12Layout.aligned(1928, 1208)
   with tempfile.TemporaryDirectory() as d:
     d = pathlib.Path(d)
-    onnx = {'vision': vision_onnx(d / 'vision.onnx'), 'policy': policy_onnx(d / 'policy.onnx')}
+    onnx = {'vision': vision_onnx(d / 'vision.onnx', dense=True), 'policy': policy_onnx(d / 'policy.onnx', dense=True)}
     t = time.perf_counter()
     build_family(d / 'art', 'road', {k: load_onnx(p, k) for k, p in onnx.items()}, [layout], progress=False)
     print(f"build road artifact ({layout}): {time.perf_counter() - t:.1f} s")

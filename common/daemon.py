@@ -88,7 +88,6 @@ class ModelDaemon:
   family: str               # artifact family: 'road' | 'dm'
   PUBLISHES: list[str]
   SUBSCRIBES: list[str]
-  OUTPUT_SIZES: dict[str, int]   # what the parser reads: output name -> number of values (modelrt.constants)
 
   def __init__(self, args: argparse.Namespace, stop: StopFlag):
     from cereal import messaging
@@ -98,7 +97,6 @@ class ModelDaemon:
     self.stats = Stats(self.log, args.stats_interval)
     self.pm, self.sm = messaging.PubMaster(self.PUBLISHES), messaging.SubMaster(self.SUBSCRIBES)
     self.calib = Calibration()
-    self.guard = OutputGuard(self.OUTPUT_SIZES, self.stats, self.log)
     self.artifact, self.runners, self.ready = None, {}, False
 
   def tick(self) -> None:
@@ -133,6 +131,7 @@ class ModelDaemon:
       # manifest, hashes and model JITs before any camera: a bad artifact exits 78 at once (the warps wait for the layouts)
       t = time.perf_counter()
       self.artifact = load_artifact(self.args.artifacts, self.family)
+      self.guard = OutputGuard({k: h.width for m in self.artifact.contract.models.values() for k, h in m.heads.items()}, self.stats, self.log)
       self.log.info("loaded %s in %.2f s (layouts: %s)", self.artifact.dir, time.perf_counter() - t, ', '.join(self.artifact.layouts))
       while not self.stop:
         if (streams := wait_for_streams(server, self.stop, self.tick)) is None: break

@@ -12,13 +12,13 @@ def fill_driver_state(dm: dict, frame_id: int, execution_time: float, gpu_time: 
   ds.frameId, ds.modelExecutionTime, ds.gpuExecutionTime = frame_id, execution_time, gpu_time
   ds.wheelOnRightProb = dm['wheel_on_right_prob']
   if raw is not None: ds.rawPredictions = np.asarray(raw, np.float32).tobytes()
-  for side, b in (('lhd', ds.leftDriverData), ('rhd', ds.rightDriverData)):
+  for side, b in (('lhd', ds.leftDriverData), ('rhd', ds.rightDriverData)):   # the driver on the left, on the right
     d = dm[side]
     b.faceOrientation, b.faceOrientationStd = d['face_orientation'].tolist(), d['face_orientation_std'].tolist()
     b.facePosition, b.facePositionStd = d['face_position'].tolist(), d['face_position_std'].tolist()
     b.faceProb, b.leftEyeProb, b.rightEyeProb = d['face_prob'], d['left_eye_prob'], d['right_eye_prob']
     b.leftBlinkProb, b.rightBlinkProb = d['left_blink_prob'], d['right_blink_prob']
-    b.sunglassesProb, b.phoneProb = d['sunglasses_prob'], d['using_phone_prob']
+    b.sunglassesProb, b.phoneProb, b.sleepProb = d['sunglasses_prob'], d['using_phone_prob'], d['sleep_prob']
   return msg
 
 def fill_monitoring_state(state: dict, valid: bool):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging, sys, time
 import numpy as np
 from common.daemon import RECV_TIMEOUT_MS, ModelDaemon, finite_outputs, main as daemon_main
-from modelrt.constants import DM_OUTPUT_SIZES
 
 log = logging.getLogger('dmonitoringd')
 
@@ -20,7 +19,6 @@ class DMonitoringD(ModelDaemon):
   name, family = 'dmonitoringd', 'dm'
   PUBLISHES = ['driverStateV2', 'driverMonitoringState']
   SUBSCRIBES = ['liveCalibration', 'carState', 'driverCameraState']
-  OUTPUT_SIZES = DM_OUTPUT_SIZES
 
   def __init__(self, args, stop):
     super().__init__(args, stop)
@@ -48,7 +46,7 @@ class DMonitoringD(ModelDaemon):
     geometry, transform = None, None
 
     def messages(out: dict, raw: np.ndarray, buf, t0: float, gpu_time: float, valid: bool, learn: bool) -> tuple[list, float]:
-      dm = parse_dm_outputs(out)
+      dm = parse_dm_outputs(out, runner.artifact.contract)
       exec_time = time.perf_counter() - t0
       msgs = [('driverStateV2', fill_driver_state(dm, buf.frame_id, exec_time, gpu_time, valid,
                                                   np.nan_to_num(raw, nan=0., posinf=0., neginf=0.) if self.args.raw_predictions else None))]

@@ -1,21 +1,18 @@
-"""Driver monitoring outputs (flat vector cut by output_slices) -> per driver side structured values.
+"""Driver monitoring outputs (flat vector cut by output_slices) -> per driver side structured values, by the contract.
 
-face_descs: 6 means (orientation roll/pitch/yaw 0:3, position x/y 3:5, size 5), then 6 log-stds in the same order.
+Per side (the contract's suffixes: lhd, the driver on the left; rhd, on the right) face_descs is an MDN head of 6
+means (orientation pitch, yaw, roll; position x, y; size) and their stds; the rest are sigmoid probabilities.
 """
 import numpy as np
-from modelrt.constants import DM_SIDE_PROBS
-from modelrt.parse import safe_exp, sigmoid
+from modelrt.contracts import DMContract
+from modelrt.parse import parse_heads
 
-SIDES = ('lhd', 'rhd')
-
-def parse_side(outs: dict[str, np.ndarray], side: str) -> dict[str, np.ndarray | float]:
-  d = outs[f'face_descs_{side}'][0]
-  std = safe_exp(d[6:12])
-  return {'face_orientation': d[0:3], 'face_orientation_std': std[0:3], 'face_position': d[3:5],
-          'face_position_std': std[3:5], 'face_size': float(d[5]),
-          **{p: float(sigmoid(outs[f'{p}_{side}'][0, 0])) for p in DM_SIDE_PROBS}}
-
-def parse_dm_outputs(outs: dict[str, np.ndarray]) -> dict:
-  """{'lhd': side dict, 'rhd': side dict, 'wheel_on_right_prob': float}; side dict: face_orientation (3,),
-  face_orientation_std, face_position (2,), face_position_std, face_size, and the probabilities of DM_SIDE_PROBS."""
-  return {**{s: parse_side(outs, s) for s in SIDES}, 'wheel_on_right_prob': float(sigmoid(outs['wheel_on_right'][0, 0]))}
+def parse_dm_outputs(outs: dict[str, np.ndarray], contract: DMContract) -> dict:
+  """{side: {face_orientation (3,), face_orientation_std, face_position (2,), face_position_std, <side_probs>: float}
+  for each side, 'wheel_on_right_prob': float}."""
+  h = parse_heads(outs, contract.dm)
+  def side(s: str) -> dict:
+    mu, std = h[f'face_descs_{s}'], h[f'face_descs_{s}_std']
+    return {**{k: mu[sl] for k, sl in contract.face_descs.items()}, **{f'{k}_std': std[sl] for k, sl in contract.face_descs.items()},
+            **{p: float(h[f'{p}_{s}'][0]) for p in contract.side_probs}}
+  return {**{s: side(s) for s in contract.sides}, 'wheel_on_right_prob': float(h['wheel_on_right'][0])}

@@ -1,26 +1,33 @@
-"""Parsed road model outputs -> modelV2, drivingModelData and cameraOdometry (REFERENCE §4), plus the action.
+"""Parsed road model outputs -> modelV2, drivingModelData and cameraOdometry, filled as openpilot fills them for the
+artifact's contract, plus the action read off the plan.
 
-Every float written comes from finite numbers: the daemon zeroes non-finite model outputs before parsing (and marks
-the frame invalid), and the derived values here (times along the plan, polynomials, action) stay finite for finite
-inputs.
+What openpilot v0.11.1 leaves empty stays empty: laneLines/roadEdges t, the stds of velocity, acceleration,
+orientation and orientationRate, temporalPose (those models have no pose-over-time output). Every float written comes
+from finite numbers: the daemon zeroes non-finite model outputs before parsing (and marks the frame invalid), and
+the derived values here (path polynomial, confidence, action) stay finite for finite inputs.
 """
 from __future__ import annotations
 from dataclasses import dataclass, field
 import numpy as np
 from cereal.messaging import new_message
-from modelrt.constants import (T_IDXS, X_IDXS, LEAD_T_IDXS, LEAD_T_OFFSETS, META_T_IDXS, MODEL_RUN_FREQ, PLAN_POSITION, PLAN_VELOCITY,
-                               PLAN_ACCELERATION, PLAN_T_FROM_CURRENT_EULER, PLAN_ORIENTATION_RATE)
+from modelrt.constants import T_IDXS, X_IDXS, LEAD_T_IDXS, LEAD_T_OFFSETS, META_T_IDXS, MODEL_RUN_FREQ
+from modelrt.contracts import RoadContract
 
 DT = 1 / MODEL_RUN_FREQ
 POLY_PATH_DEGREE = 4
-# action: the plan is read at the actuator delay plus the smoothing time constant, as openpilot's modeld does
-LAT_SMOOTH_SECONDS, LONG_SMOOTH_SECONDS = 0.1, 0.3
-DEFAULT_LAT_DELAY, LONG_DELAY = 0.2, 0.15    # s; liveDelay.lateralDelay replaces the first once it is sane
-MIN_LAT_CONTROL_SPEED, MIN_SPEED, STOP_SPEED = 0.3, 1.0, 0.05   # m/s
-# confidence: independent disengage probability per 2 s slice, kept over the last 5 slices, scored on the diagonal
+# action: the plan is read at the actuator delay plus the smoothing time constant plus ACTION_T_OFFSET from now (no
+# earlier than MIN_STABLE_DELAY: a shorter time scales the change up to it down); no lateral smoothing in this release
+ACTION_T_OFFSET, MIN_STABLE_DELAY = 0.075, 0.3            # s
+LAT_SMOOTH_SECONDS, LONG_SMOOTH_SECONDS = 0.0, 0.3        # s
+LONG_ACTUATOR_DELAY = 0.15   # s: openpilot reads CarParams.longitudinalActuatorDelay, which this stack has not; a typical car's
+MAX_LAT_DELAY = 1.0          # s: liveDelay.lateralDelay is clipped to [0, this] (garbage must not reach the messages)
+MIN_LAT_CONTROL_SPEED, MIN_SPEED = 0.3, 1.0               # m/s: curvature held below the first; speeds below the second count as it
+STOP_SPEED, STOP_ACCEL = 0.3, 0.1                         # shouldStop: the plan's speed now and the wanted acceleration below these
+# modelV2.meta.disengagePredictions fields, filled from the contract's meta predictions of the same name
+DISENGAGE_FIELDS = ('brakeDisengageProbs', 'gasDisengageProbs', 'steerOverrideProbs', 'brake3MetersPerSecondSquaredProbs',
+                    'brake4MetersPerSecondSquaredProbs', 'brake5MetersPerSecondSquaredProbs', 'gasPressProbs', 'brakePressProbs')
+# confidence: the independent disengage probability of each 2 s step, kept for the last 5 pushes (every 2 s)
 DISENGAGE_WIDTH = CONFIDENCE_BUFFER_LEN = len(META_T_IDXS)
-RYG_GREEN, RYG_YELLOW = 0.01965, 0.0985
-HARD_BRAKE_PROB = 0.15   # brake >= 5 m/s^2 within the first two slices (4 s)
 
 @dataclass
 class Action:
@@ -32,6 +39,7 @@ class Action:
 class PublishState:
   """What the messages carry from frame to frame."""
   disengage_buffer: np.ndarray = field(default_factory=lambda: np.zeros(CONFIDENCE_BUFFER_LEN * DISENGAGE_WIDTH, np.float32))
+  hard_brake: dict[str, np.ndarray] = field(default_factory=dict)   # meta prediction -> its first value over the last frames, oldest first
   prev_action: Action = field(default_factory=Action)
 
 @dataclass
@@ -50,31 +58,29 @@ def smooth_value(val: float, prev: float, tau: float, dt: float = DT) -> float:
   alpha = 1 - np.exp(-dt / tau) if tau > 0 else 1.
   return alpha * val + (1 - alpha) * prev
 
-def lateral_action_time(lateral_delay: float) -> float:
-  """liveDelay.lateralDelay (when in a sane range) plus the smoothing constant."""
-  return (lateral_delay if 0. < lateral_delay < 1. else DEFAULT_LAT_DELAY) + LAT_SMOOTH_SECONDS
+def action_times(lateral_delay: float, long_actuator_delay: float = LONG_ACTUATOR_DELAY) -> tuple[float, float]:
+  """(lateral, longitudinal) action times from liveDelay.lateralDelay and the car's longitudinal actuator delay."""
+  lat = float(np.clip(np.nan_to_num(lateral_delay), 0., MAX_LAT_DELAY))
+  return lat + LAT_SMOOTH_SECONDS + ACTION_T_OFFSET, long_actuator_delay + LONG_SMOOTH_SECONDS + ACTION_T_OFFSET
 
-def get_action(plan: np.ndarray, prev: Action, lat_action_t: float, v_ego: float, long_action_t: float = LONG_DELAY + LONG_SMOOTH_SECONDS) -> Action:
-  """plan (33, 15). Acceleration: the one that reaches the plan's speed at long_action_t from now; stop when the plan
-  is below STOP_SPEED then and 1 s later. Curvature: from the plan's yaw at lat_action_t and its yaw rate now
-  (2*yaw/(v*t) - yaw_rate/v), held at its previous value below MIN_LAT_CONTROL_SPEED."""
-  v, a = plan[:, PLAN_VELOCITY][:, 0], plan[:, PLAN_ACCELERATION][:, 0]
-  v_target = np.interp(long_action_t, T_IDXS, v)
-  accel = 2 * (v_target - v[0]) / long_action_t - a[0]
-  should_stop = bool(v_target < STOP_SPEED and np.interp(long_action_t + 1., T_IDXS, v) < STOP_SPEED)
+def _at(t: float, ys: np.ndarray, y0: float) -> float:
+  """The plan's value at t; before MIN_STABLE_DELAY the change up to it, scaled by t / MIN_STABLE_DELAY."""
+  return float(np.interp(t, T_IDXS, ys)) if t >= MIN_STABLE_DELAY else y0 + t / MIN_STABLE_DELAY * (float(np.interp(MIN_STABLE_DELAY, T_IDXS, ys)) - y0)
+
+def get_action(plan: np.ndarray, prev: Action, lat_action_t: float, long_action_t: float, v_ego: float, cols: dict[str, slice]) -> Action:
+  """plan (33, 15), cols: the contract's plan columns. Acceleration: the one that reaches the plan's speed at
+  long_action_t (2 (v(t) - v0) / t - a0), smoothed; stop when the plan's speed now is below STOP_SPEED and that
+  acceleration below STOP_ACCEL. Curvature: from the plan's yaw at lat_action_t and its yaw rate now
+  (2 yaw / (v t) - yaw_rate / v, v >= MIN_SPEED), held at its previous value at MIN_LAT_CONTROL_SPEED or below."""
+  v, a = plan[:, cols['velocity']][:, 0], plan[:, cols['acceleration']][:, 0]
+  accel = 2 * (_at(long_action_t, v, v[0]) - v[0]) / long_action_t - a[0]
+  should_stop = bool(v[0] < STOP_SPEED and accel < STOP_ACCEL)
   accel = smooth_value(accel, prev.desiredAcceleration, LONG_SMOOTH_SECONDS)
-
-  yaw = np.interp(lat_action_t, T_IDXS, plan[:, PLAN_T_FROM_CURRENT_EULER][:, 2])
-  yaw_rate = plan[0, PLAN_ORIENTATION_RATE][2]
   v_clip = max(v_ego, MIN_SPEED)
-  curvature = 2 * yaw / (v_clip * lat_action_t) - yaw_rate / v_clip
+  yaw, yaw_rate = plan[:, cols['orientation']][:, 2], plan[0, cols['orientationRate']][2]
+  curvature = 2 * _at(lat_action_t, yaw, 0.) / (v_clip * lat_action_t) - yaw_rate / v_clip
   curvature = smooth_value(curvature, prev.desiredCurvature, LAT_SMOOTH_SECONDS) if v_ego > MIN_LAT_CONTROL_SPEED else prev.desiredCurvature
   return Action(float(curvature), float(accel), should_stop)
-
-def plan_t_at_x(plan: np.ndarray) -> np.ndarray:
-  """When the plan reaches each X_IDXS distance (lane lines are on X_IDXS; their t is this). Past the plan's end: its
-  last time. The plan's x is made non-decreasing first, so a jittery plan still gives an ordered, finite grid."""
-  return np.interp(X_IDXS, np.maximum.accumulate(plan[:, PLAN_POSITION][:, 0]), T_IDXS).astype(np.float32)
 
 def _fill_xyzt(b, t, x, y, z, x_std=None, y_std=None, z_std=None) -> None:
   b.t, b.x, b.y, b.z = (np.asarray(v, np.float32).tolist() for v in (t, x, y, z))
@@ -86,9 +92,17 @@ def _fill_lead(b, lead: np.ndarray, std: np.ndarray, prob: float, prob_time: flo
   b.xStd, b.yStd, b.vStd, b.aStd = (std[:, i].tolist() for i in range(4))
   b.prob, b.probTime = float(prob), prob_time
 
-def update_confidence(state: PublishState, meta: dict, frame_id: int) -> str:
-  """openpilot's red/yellow/green: every 2 s, the chance of any disengagement in each 2 s slice is pushed into a
-  rolling buffer; the score averages, for each slice of the last 10 s, the prediction made when it was that far out."""
+def hard_brake_predicted(state: PublishState, meta: dict, thresholds: dict[str, tuple[float, ...]]) -> bool:
+  """Each prediction's first value kept over the last len(thresholds) frames; true when every kept value of every
+  prediction is above its threshold."""
+  for k, th in thresholds.items():
+    q = state.hard_brake.setdefault(k, np.zeros(len(th), np.float32))
+    q[:-1], q[-1] = q[1:], meta[k][0]
+  return all(bool((state.hard_brake[k] > np.array(th)).all()) for k, th in thresholds.items())
+
+def update_confidence(state: PublishState, meta: dict, frame_id: int, thresholds: tuple[float, float]) -> str:
+  """openpilot's red/yellow/green: every 2 s, the chance of any disengagement in each 2 s step is pushed into a
+  rolling buffer; the score averages, for each step of the last 10 s, the prediction made when it was that far out."""
   if frame_id % (2 * MODEL_RUN_FREQ) == 0:
     any_dis = 1 - (1 - meta['brakeDisengageProbs']) * (1 - meta['gasDisengageProbs']) * (1 - meta['steerOverrideProbs'])
     ind = np.r_[any_dis[0], np.diff(any_dis) / np.maximum(1 - any_dis[:-1], 1e-6)]
@@ -96,9 +110,9 @@ def update_confidence(state: PublishState, meta: dict, frame_id: int) -> str:
     buf[:-DISENGAGE_WIDTH] = buf[DISENGAGE_WIDTH:]
     buf[-DISENGAGE_WIDTH:] = ind
   score = sum(state.disengage_buffer[i * DISENGAGE_WIDTH + DISENGAGE_WIDTH - 1 - i] for i in range(DISENGAGE_WIDTH)) / DISENGAGE_WIDTH
-  return 'green' if score < RYG_GREEN else 'yellow' if score < RYG_YELLOW else 'red'
+  return 'green' if score < thresholds[0] else 'yellow' if score < thresholds[1] else 'red'
 
-def fill_model_msgs(out: dict, info: FrameInfo, action: Action, state: PublishState, raw: np.ndarray | None = None):
+def fill_model_msgs(out: dict, info: FrameInfo, action: Action, state: PublishState, contract: RoadContract, raw: np.ndarray | None = None):
   """out: modeld.parse.parse_outputs(...). Returns (modelV2, drivingModelData, cameraOdometry) Event builders.
   cameraOdometry is valid only when the frame is (it is never sent for a frame after a drop)."""
   plan, plan_std = out['plan'], out['plan_std']
@@ -113,43 +127,38 @@ def fill_model_msgs(out: dict, info: FrameInfo, action: Action, state: PublishSt
   mv2.frameAge, mv2.timestampEof = info.frame_age, info.timestamp_eof
   if raw is not None: mv2.rawPredictions = np.asarray(raw, np.float32).tobytes()
 
-  for name, cols, std in (('position', PLAN_POSITION, True), ('velocity', PLAN_VELOCITY, True), ('acceleration', PLAN_ACCELERATION, True),
-                          ('orientation', PLAN_T_FROM_CURRENT_EULER, True), ('orientationRate', PLAN_ORIENTATION_RATE, True)):
-    _fill_xyzt(getattr(mv2, name), T_IDXS, *plan[:, cols].T, *(plan_std[:, cols].T if std else ()))
-  coeffs = np.polyfit(T_IDXS, plan[:, PLAN_POSITION], POLY_PATH_DEGREE)   # (degree+1, 3), highest power first
+  for name, cols in contract.plan.items():
+    _fill_xyzt(getattr(mv2, name), T_IDXS, *plan[:, cols].T, *(plan_std[:, cols].T if name in contract.plan_stds else ()))
+  coeffs = np.polynomial.polynomial.polyfit(T_IDXS, plan[:, contract.plan['position']], POLY_PATH_DEGREE)   # (degree+1, 3), lowest power first
   dmd.path.xCoefficients, dmd.path.yCoefficients, dmd.path.zCoefficients = (coeffs[:, i].astype(np.float32).tolist() for i in range(3))
 
-  t_at_x = plan_t_at_x(plan)
+  probs = out['lane_lines_prob'][1::2]   # per line (absent, present): the present ones
   lines = mv2.init('laneLines', len(out['lane_lines']))
-  for b, ll in zip(lines, out['lane_lines']): _fill_xyzt(b, t_at_x, X_IDXS, ll[:, 0], ll[:, 1])
+  for b, ll in zip(lines, out['lane_lines']): _fill_xyzt(b, [], X_IDXS, ll[:, 0], ll[:, 1])
   mv2.laneLineStds = out['lane_lines_std'][:, 0, 0].tolist()
-  mv2.laneLineProbs = out['lane_lines_prob'].tolist()
+  mv2.laneLineProbs = probs.tolist()
   edges = mv2.init('roadEdges', len(out['road_edges']))
-  for b, re in zip(edges, out['road_edges']): _fill_xyzt(b, t_at_x, X_IDXS, re[:, 0], re[:, 1])
+  for b, re in zip(edges, out['road_edges']): _fill_xyzt(b, [], X_IDXS, re[:, 0], re[:, 1])
   mv2.roadEdgeStds = out['road_edges_std'][:, 0, 0].tolist()
   llm = dmd.laneLineMeta
   llm.leftY, llm.rightY = float(out['lane_lines'][1, 0, 0]), float(out['lane_lines'][2, 0, 0])
-  llm.leftProb, llm.rightProb = float(out['lane_lines_prob'][1]), float(out['lane_lines_prob'][2])
+  llm.leftProb, llm.rightProb = float(probs[1]), float(probs[2])
 
   leads = mv2.init('leadsV3', len(LEAD_T_OFFSETS))
   for i, b in enumerate(leads): _fill_lead(b, out['lead'][i], out['lead_std'][i], out['lead_prob'][i], LEAD_T_OFFSETS[i])
 
   meta, m = mv2.meta, out['meta']
-  meta.engagedProb = m['engagedProb']
+  meta.engagedProb = float(m['engagedProb'][0])
   meta.desireState = out['desire_state'].tolist()
   meta.desirePrediction = out['desire_pred'].reshape(-1).tolist()
   dp = meta.init('disengagePredictions')
   dp.t = META_T_IDXS
-  for k, v in m.items():
-    if k != 'engagedProb': setattr(dp, k, v.tolist())
-  meta.hardBrakePredicted = bool(m['brake5MetersPerSecondSquaredProbs'][:2].max() > HARD_BRAKE_PROB)
-  mv2.confidence = update_confidence(state, m, info.frame_id)
+  for k in DISENGAGE_FIELDS: setattr(dp, k, m[k].tolist())
+  meta.hardBrakePredicted = hard_brake_predicted(state, m, contract.hard_brake)
+  mv2.confidence = update_confidence(state, m, info.frame_id, contract.confidence)
 
-  pose = out['pose'][:3].tolist(), out['pose'][3:].tolist(), out['pose_std'][:3].tolist(), out['pose_std'][3:].tolist()
-  tp = mv2.temporalPose
-  tp.trans, tp.rot, tp.transStd, tp.rotStd = pose
   odo.frameId, odo.timestampEof = info.frame_id, info.timestamp_eof
-  odo.trans, odo.rot, odo.transStd, odo.rotStd = pose
+  odo.trans, odo.rot, odo.transStd, odo.rotStd = out['pose'][:3].tolist(), out['pose'][3:].tolist(), out['pose_std'][:3].tolist(), out['pose_std'][3:].tolist()
   odo.wideFromDeviceEuler, odo.wideFromDeviceEulerStd = out['wide_from_device_euler'].tolist(), out['wide_from_device_euler_std'].tolist()
   odo.roadTransformTrans, odo.roadTransformTransStd = out['road_transform'][:3].tolist(), out['road_transform_std'][:3].tolist()
   return mv2_msg, dmd_msg, odo_msg

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging, sys, time
 import numpy as np
 from common.daemon import RECV_TIMEOUT_MS, ModelDaemon, finite_outputs, main as daemon_main
-from modelrt.constants import POLICY_OUTPUT_SIZES, VISION_OUTPUT_SIZES
 
 log = logging.getLogger('modeld')
 class ModelD(ModelDaemon):
@@ -22,7 +21,6 @@ class ModelD(ModelDaemon):
   PUBLISHES = ['modelV2', 'drivingModelData', 'cameraOdometry']
   SUBSCRIBES = ['deviceState', 'carState', 'roadCameraState', 'wideRoadCameraState', 'liveCalibration', 'driverMonitoringState',
                 'carControl', 'liveDelay']
-  OUTPUT_SIZES = {**VISION_OUTPUT_SIZES, **POLICY_OUTPUT_SIZES}
 
   def __init__(self, args, stop):
     super().__init__(args, stop)
@@ -69,8 +67,9 @@ class ModelD(ModelDaemon):
     from modeld.sync import FrameSync, FrameDrops
     from modeld.parse import parse_outputs
     from modeld.desire import Desire
-    from modeld.fill_msgs import FrameInfo, fill_model_msgs, get_action, lateral_action_time
+    from modeld.fill_msgs import FrameInfo, fill_model_msgs, get_action, action_times
     main_client, extra_client = clients[0], clients[1] if len(clients) > 1 else None
+    contract = runner.artifact.contract
     main_stream = main_client.stream
     runner.reset()   # a new connection: history from another camera session is meaningless
     self.geometry = None
@@ -78,16 +77,16 @@ class ModelD(ModelDaemon):
     drops, state_name = FrameDrops(), 'wideRoadCameraState' if main_stream == WIDE_ROAD else 'roadCameraState'
 
     def messages(out: dict, raw: np.ndarray, main, extra, exec_time: float, valid: bool, finite: bool) -> list:
-      parsed = parse_outputs(out)
+      parsed = parse_outputs(out, contract)
       cs = self.sm['carState']
-      v_ego = float(cs.vEgo) if np.isfinite(cs.vEgo) else 0.
-      action = get_action(parsed['plan'], self.publish_state.prev_action, lateral_action_time(float(self.sm['liveDelay'].lateralDelay)), v_ego)
+      v_ego = max(float(cs.vEgo), 0.) if np.isfinite(cs.vEgo) else 0.
+      action = get_action(parsed['plan'], self.publish_state.prev_action, *action_times(self.sm['liveDelay'].lateralDelay), v_ego, contract.plan)
       lane_change_prob = float(parsed['desire_state'][Desire.laneChangeLeft] + parsed['desire_state'][Desire.laneChangeRight])
       self.desire.update(cs, self.sm['carControl'].latActive, lane_change_prob)
       frame_age = max(0, self.sm[state_name].frameId - main.frame_id)
       info = FrameInfo(main.frame_id, extra.frame_id, frame_age, drops.frame_drop_perc, main.timestamp_eof, exec_time, valid=valid,
                        lane_change_state=self.desire.lane_change_state, lane_change_direction=self.desire.lane_change_direction)
-      msgs = fill_model_msgs(parsed, info, action, self.publish_state, np.nan_to_num(raw, nan=0., posinf=0., neginf=0.) if self.args.raw_predictions else None)
+      msgs = fill_model_msgs(parsed, info, action, self.publish_state, contract, np.nan_to_num(raw, nan=0., posinf=0., neginf=0.) if self.args.raw_predictions else None)
       if finite: self.publish_state.prev_action = action
       return msgs
 

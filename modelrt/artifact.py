@@ -14,8 +14,9 @@ from tinygrad import Device
 from tinygrad.device import Buffer
 from tinygrad.uop.ops import UOp, Ops, ParamArg
 from modelrt.guard import GuardedJit, TensorSpec
+from modelrt.contracts import CONTRACTS, Contract, lookup
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2   # 2: the manifest names the models' I/O contract
 FAMILIES = ('road', 'dm')
 MANIFEST = 'manifest.json'
 _BIN_ALIGN = 64
@@ -154,6 +155,8 @@ class Artifact:
 
   @property
   def layouts(self) -> list[str]: return list(self.manifest['layouts'])
+  @property
+  def contract(self) -> Contract: return lookup(self.family, self.manifest['contract'])
   def output_slices(self, model: str) -> dict[str, slice]:
     return {k: slice(*v) for k, v in self.manifest['output_slices'][model].items()}
   def rebuild_command(self, extra_layout: str | None = None) -> str:
@@ -195,6 +198,7 @@ def load_artifact(path: str | os.PathLike, family: str, device: str | None = Non
     if m['target']['arch'] != here['arch']: raise bad(f"built for {here['device']} arch {m['target']['arch']}, this one is {here['arch']}")
     if missing := sorted(set(m['target']['cpu_features']) - set(here['cpu_features'])):
       raise bad(f"compiled for CPU instruction-set features this machine lacks: {' '.join(missing)}")
+    if m['contract'] not in CONTRACTS[family]: raise bad(f"its models follow contract {m['contract']!r}, which this version does not know")
     model_files = {m['jits'][k][f] for k in MODELS[family] for f in ('file', 'weights')}
     for fn, digest in m['files'].items():
       if not (d / fn).is_file(): raise bad(f"{fn} is missing")

@@ -1,9 +1,11 @@
 """modeld-compile: capture, validate and save model artifacts ahead of time, so the daemons only load and replay.
 
-Per family (road: vision + policy, dm: driver monitoring) it captures one warp JIT per camera buffer layout and one
-JIT per model, checks each one (the three JIT stages run, replays match an eager run, every input changes the
-output, the pickle reloads and replays bit-identically) and only then writes DIR/<family>/ atomically. A build is
-addressed by the hash of its sources, options, layouts and tinygrad/target versions: an unchanged build is skipped.
+Per family (road: vision + policy, dm: driver monitoring) it first identifies the I/O contract the models follow
+from their own metadata (inputs, output width, output_slices; see modelrt.contracts) and refuses models that follow
+none, naming every mismatch. Then it captures one warp JIT per camera buffer layout and one JIT per model, checks
+each one (the three JIT stages run, replays match an eager run, every input changes the output, the pickle reloads
+and replays bit-identically) and only then writes DIR/<family>/ atomically. A build is addressed by the hash of its
+sources, contract, options, layouts and tinygrad/target versions: an unchanged build is skipped.
 """
 from __future__ import annotations
 import argparse, hashlib, json, os, pathlib, sys
@@ -15,6 +17,7 @@ from tinygrad.helpers import Context
 from msgq.visionipc.layout import NV12Layout
 from modelrt.constants import MODEL_WIDTH, MODEL_HEIGHT, DM_WIDTH, DM_HEIGHT
 from modelrt.modeldef import ModelDef
+from modelrt.contracts import CONTRACTS, ContractError, identify
 from modelrt.guard import TensorSpec, GuardedJit, _buffer_of
 from modelrt.runner import IMG_QUEUE_SHAPE, aligned_empty, camera_tensor, host_tensor, zero_tensor
 from modelrt import artifact
@@ -156,7 +159,8 @@ def code_sha256() -> str:
 
 def build_family(out: str | os.PathLike, family: str, models: dict[str, ModelDef], layouts: list[NV12Layout], device: str | None = None,
                  beam: int = 0, command: list[str] | None = None, force: bool = False, progress: bool = True) -> tuple[pathlib.Path, bool]:
-  """Build (or find up to date) OUT/<family>. Returns (artifact dir, whether it was built). Raises ValidationError."""
+  """Build (or find up to date) OUT/<family>. Returns (artifact dir, whether it was built). Raises ContractError (the
+  models follow no known contract) or ValidationError."""
   from tqdm import tqdm
   from tinygrad.engine.worker import terminate_worker_pool
   device = Device.canonicalize(device or Device.DEFAULT)
@@ -164,8 +168,10 @@ def build_family(out: str | os.PathLike, family: str, models: dict[str, ModelDef
     raise ValueError(f"family {family!r} needs models {artifact.MODELS.get(family)}, got {sorted(models)}")
   if not layouts: raise ValueError("at least one camera layout is needed")
   layouts = list(dict.fromkeys(layouts))
+  contract = identify(family, models)   # before anything is captured: a model of another contract fails in a second
+  models = {k: md.fed({n: i.dtype for n, i in contract.models[k].inputs.items()}) for k, md in models.items()}
   command = command or ['modeld-compile', '--family', family, *[a for l in layouts for a in ('--camera', str(l))], '--out', str(out)]
-  key = {'format': FORMAT_VERSION, 'family': family, 'tinygrad': artifact.tinygrad_version(), 'target': artifact.target(device),
+  key = {'format': FORMAT_VERSION, 'family': family, 'contract': contract.name, 'tinygrad': artifact.tinygrad_version(), 'target': artifact.target(device),
          'options': {'beam': beam}, 'sources': {**{k: md.source_sha256 for k, md in models.items()}, 'code': code_sha256()},
          'layouts': [str(l) for l in layouts]}
   build_id = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
@@ -201,15 +207,17 @@ examples:
   modeld-compile --vision-onnx driving_vision.onnx --policy-onnx driving_policy.onnx --camera 1928x1208:2048:2490368:3735552 --out artifacts
   modeld-compile --dm-onnx dmonitoring_model.onnx --camera 1928x1208 --out artifacts
 
+Models must follow a known I/O contract ({contracts}: the release's driving_vision.onnx, driving_policy.onnx
+and dmonitoring_model.onnx, and the built-in reference models); others are refused, every mismatch named.
 The road artifact (DIR/road) serves modeld, the driver monitoring one (DIR/dm) dmonitoringd; both take --artifacts DIR.
 A daemon refuses an artifact built for another tinygrad, device, CPU (instruction-set features) or camera layout and
 prints the command that rebuilds it. Artifacts are pickles, i.e. code: load only artifacts you built.
 Environment: DEV=CPU selects the CPU (clang) backend; PARALLEL=N compile worker processes (stopped when the build ends);
-CACHEDB=path moves tinygrad's compile cache.""")
+CACHEDB=path moves tinygrad's compile cache.""".format(contracts=', '.join(sorted({n for c in CONTRACTS.values() for n in c}))))
   src = ap.add_argument_group('models (road: --vision-onnx and --policy-onnx; driver monitoring: --dm-onnx; or --reference)')
-  src.add_argument('--vision-onnx', type=pathlib.Path, help="openpilot vision model (inputs img, big_img; output_slices in metadata_props)")
-  src.add_argument('--policy-onnx', type=pathlib.Path, help="openpilot policy model (inputs features_buffer, desire_pulse, traffic_convention)")
-  src.add_argument('--dm-onnx', type=pathlib.Path, help="openpilot driver monitoring model (inputs input_img, calib)")
+  src.add_argument('--vision-onnx', type=pathlib.Path, help="openpilot's driving_vision.onnx (inputs img, big_img; output_slices in metadata_props)")
+  src.add_argument('--policy-onnx', type=pathlib.Path, help="openpilot's driving_policy.onnx (inputs features_buffer, desire_pulse, traffic_convention)")
+  src.add_argument('--dm-onnx', type=pathlib.Path, help="openpilot's dmonitoring_model.onnx (inputs input_img, calib)")
   src.add_argument('--reference', action='store_true', help="build the built-in reference models (modelrt.reference) instead of ONNX files")
   ap.add_argument('--family', choices=artifact.FAMILIES, action='append', help="build only this family (default: all the given models)")
   ap.add_argument('--camera', action='append', required=True, metavar='LAYOUT',
@@ -248,7 +256,7 @@ CACHEDB=path moves tinygrad's compile cache.""")
       command = ['modeld-compile', *srcs, '--family', family, *cams, '--out', str(args.out.resolve()), '--device', device, '--beam', str(args.beam)]
       path, built = build_family(args.out, family, models, layouts, device, args.beam, command, args.force, not args.quiet)
       print(f"{family}: {'built' if built else 'up to date'}: {path} ({', '.join(str(l) for l in layouts)})")
-  except (ValidationError, OnnxImportError, ArtifactError, OSError) as e:
+  except (ContractError, ValidationError, OnnxImportError, ArtifactError, OSError) as e:
     print(f"modeld-compile: error: {e}", file=sys.stderr)
     return 1
   return 0

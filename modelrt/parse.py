@@ -1,8 +1,10 @@
-"""Parse primitives for openpilot-style model outputs (REFERENCE §4), shared by both daemons' parsers.
+"""Parsing openpilot model outputs: the primitives (safe_exp, sigmoid, softmax, mixture density heads) and every head
+of a contract's model parsed by its kind, shared by both daemons' parsers.
 
 Pure numpy, no NaN from finite inputs: exponentials are clamped or taken of non-positive numbers only.
 """
 import numpy as np
+from modelrt.contracts import Model
 
 def safe_exp(x: np.ndarray) -> np.ndarray:
   """exp(min(x, 11)): a std from a log-std the model may have pushed far out."""
@@ -44,3 +46,17 @@ def parse_mdn(raw: np.ndarray, out_shape: tuple[int, ...], in_N: int = 0, out_N:
   else:
     shape = (B, *out_shape)
   return mu.reshape(shape), std.reshape(shape)
+
+def parse_heads(outs: dict[str, np.ndarray], model: Model) -> dict[str, np.ndarray]:
+  """outs {name: (1, width)} -> each head of the contract's model by its kind, batch axis dropped: an MDN head gives
+  NAME (means) and NAME_std, sigmoid and softmax heads probabilities in the head's shape, a raw head its values."""
+  out = {}
+  for k, h in model.heads.items():
+    raw = outs[k]
+    if h.kind == 'mdn':
+      mu, std = parse_mdn(raw, h.shape, h.in_N, h.out_N)
+      out[k], out[k + '_std'] = mu[0], std[0]
+    elif h.kind == 'sigmoid': out[k] = parse_binary_crossentropy(raw[0]).reshape(h.shape)
+    elif h.kind == 'softmax': out[k] = parse_categorical_crossentropy(raw, h.shape)[0]
+    else: out[k] = raw[0]
+  return out

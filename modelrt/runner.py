@@ -1,7 +1,8 @@
 """What the daemons run every frame: camera buffers in, numpy outputs out, through guarded JITs loaded from an artifact.
 
 RoadRunner (modeld): two warp JITs (road -> `img`, wide -> `big_img`; one camera: both on the same buffer), the vision
-JIT, the host-side frame history of REFERENCE §4, the policy JIT. DMRunner (dmonitoringd): driver warp + DM model.
+JIT, the host-side frame history the policy reads (shaped by the artifact's contract), the policy JIT. DMRunner
+(dmonitoringd): driver warp + DM model.
 Camera buffers are any objects with `addr, idx, stream, width, height, stride, uv_offset, size` (VisionIPC's VisionBuf).
 """
 from __future__ import annotations
@@ -11,8 +12,7 @@ from tinygrad import Tensor, dtypes
 from tinygrad.device import Buffer
 from msgq.visionipc.layout import NV12Layout
 from modelrt.artifact import Artifact, ArtifactError, load_artifact
-from modelrt.constants import FEATURE_LEN, DESIRE_LEN, TRAFFIC_CONVENTION_LEN, HISTORY_LEN, FRAME_SKIP, FEATURE_QUEUE_LEN, DESIRE_QUEUE_LEN
-from modelrt.constants import IMG_CHANNELS, IMG_QUEUE_LEN, MODEL_HEIGHT, MODEL_WIDTH
+from modelrt.constants import DESIRE_LEN, TRAFFIC_CONVENTION_LEN, FRAME_SKIP, IMG_CHANNELS, IMG_QUEUE_LEN, MODEL_HEIGHT, MODEL_WIDTH
 from modelrt.guard import ALIGN, CameraLayoutError, GuardedJit, _buffer_of
 
 IMG_QUEUE_SHAPE = (1, IMG_QUEUE_LEN * IMG_CHANNELS, MODEL_HEIGHT // 2, MODEL_WIDTH // 2)   # 5 packed frames, in the warp JIT's state
@@ -73,23 +73,29 @@ def _cut(out: np.ndarray, slices: dict[str, slice]) -> dict[str, np.ndarray]: re
 
 class RoadRunner:
   """Road model (vision + policy) with its frame history. `run` returns the outputs cut by output_slices (plus 'raw',
-  the vision then policy vectors), freshly copied: nothing returned is touched by later frames."""
+  the vision then policy vectors), freshly copied: nothing returned is touched by later frames.
+
+  History, as openpilot keeps it: the image queues (in the warp JITs) advance every frame; the hidden states queue
+  (HISTORY - 1) * FRAME_SKIP + 1 deep, appended after the vision run, and the policy sees every FRAME_SKIP-th, newest
+  last; the desire pulses queue HISTORY * FRAME_SKIP deep and the policy sees the max over each block of FRAME_SKIP.
+  Both queues advance only on frames the policy runs on (a frame after a drop only updates the images)."""
   def __init__(self, artifact: Artifact | str | os.PathLike, main_layout: NV12Layout, extra_layout: NV12Layout | None = None):
     self.artifact = art = _open(artifact, 'road')
     self.main_layout, self.extra_layout = main_layout, extra_layout or main_layout
     self.warps: dict[str, GuardedJit] = {k: art.load_jit(art.warp_name(str(l))) for k, l in (('img', self.main_layout), ('big_img', self.extra_layout))}
     self.vision, self.policy = art.models['vision'], art.models['policy']
     self.vision_slices, self.policy_slices = art.output_slices('vision'), art.output_slices('policy')
-    if (h := self.vision_slices.get('hidden_state', slice(0, 0))).stop - h.start != FEATURE_LEN:   # fed back to the policy here, every frame
-      raise ArtifactError(f"{art.dir}: vision output 'hidden_state': expected {FEATURE_LEN} values (the policy's features), got "
-                          f"{h.stop - h.start}. Rebuild with a vision model in openpilot's output layout: {art.rebuild_command()}")
     device = art.manifest['target']['device']
     self.queues = {k: Tensor.zeros(*IMG_QUEUE_SHAPE, dtype=dtypes.uint8, device=device).contiguous().realize() for k in self.warps}
     self.transforms = {k: _host(3, 3) for k in self.warps}
-    self.features_buffer, self.desire_pulse, self.traffic_convention = (_host(1, HISTORY_LEN, FEATURE_LEN), _host(1, HISTORY_LEN, DESIRE_LEN),
-                                                                       _host(1, TRAFFIC_CONVENTION_LEN))
-    self.full_features = np.zeros((FEATURE_QUEUE_LEN, FEATURE_LEN), np.float32)
-    self.full_desire = np.zeros((DESIRE_QUEUE_LEN, DESIRE_LEN), np.float32)
+    policy = art.contract.policy.inputs
+    self.features_buffer, self.desire_pulse, self.traffic_convention = (_host(*policy[k].shape) for k in ('features_buffer', 'desire_pulse', 'traffic_convention'))
+    self.history, feature_len = policy['features_buffer'].shape[1:]
+    if (h := self.vision_slices.get('hidden_state', slice(0, 0))).stop - h.start != feature_len:   # fed back to the policy here, every frame
+      raise ArtifactError(f"{art.dir}: vision output 'hidden_state': expected {feature_len} values (the policy's features), got "
+                          f"{h.stop - h.start}. Rebuild with a vision model in openpilot's output layout: {art.rebuild_command()}")
+    self.full_features = np.zeros(((self.history - 1) * FRAME_SKIP + 1, feature_len), np.float32)
+    self.full_desire = np.zeros((self.history * FRAME_SKIP, DESIRE_LEN), np.float32)
     self.prev_desire = np.zeros(DESIRE_LEN, np.float32)
     self.cameras = CameraTensors(art)
 
@@ -104,7 +110,7 @@ class RoadRunner:
 
   def run(self, main_buf, extra_buf, desire: np.ndarray, traffic_convention: np.ndarray, prepare_only: bool = False) -> dict[str, np.ndarray] | None:
     """One camera frame (extra_buf None: one camera, both warps read main_buf). prepare_only (a frame after a drop)
-    updates the image and desire history only. Bad input raises before any state changes."""
+    updates the image history only. Bad input raises before any state changes."""
     desire, traffic_convention = np.asarray(desire, np.float32), np.asarray(traffic_convention, np.float32)
     if desire.shape != (DESIRE_LEN,): raise ValueError(f"desire: expected shape ({DESIRE_LEN},), got {desire.shape}")
     if traffic_convention.shape != (TRAFFIC_CONVENTION_LEN,):
@@ -114,11 +120,11 @@ class RoadRunner:
     for k, w in self.warps.items(): w.check(warp_in[k])
     imgs = {k: w.replay(**warp_in[k]) for k, w in self.warps.items()}
 
-    # desire is a pulse on the rising edge (index 0, no desire, never pulses); the policy sees the max over each block of 4
+    # desire is a pulse on the rising edge (index 0, no desire, never pulses), seen by the frame's edge detection even
+    # when the frame only prepares
     desire = desire.copy()
     desire[0] = 0
-    self.full_desire[:-1] = self.full_desire[1:]
-    self.full_desire[-1] = np.where(desire - self.prev_desire > .99, desire, 0)
+    pulse = np.where(desire - self.prev_desire > .99, desire, 0)
     self.prev_desire[:] = desire
     if prepare_only: return None
 
@@ -126,7 +132,9 @@ class RoadRunner:
     self.full_features[:-1] = self.full_features[1:]
     self.full_features[-1] = vision_out[self.vision_slices['hidden_state']]
     self.features_buffer[0][0] = self.full_features[::FRAME_SKIP]
-    self.desire_pulse[0][0] = self.full_desire.reshape(HISTORY_LEN, FRAME_SKIP, DESIRE_LEN).max(axis=1)
+    self.full_desire[:-1] = self.full_desire[1:]
+    self.full_desire[-1] = pulse
+    self.desire_pulse[0][0] = self.full_desire.reshape(self.history, FRAME_SKIP, DESIRE_LEN).max(axis=1)
     self.traffic_convention[0][0] = traffic_convention
     policy_out = self.policy(features_buffer=self.features_buffer[1], desire_pulse=self.desire_pulse[1], traffic_convention=self.traffic_convention[1])
     return {**_cut(vision_out, self.vision_slices), **_cut(policy_out, self.policy_slices), 'raw': np.concatenate([vision_out, policy_out])}

@@ -3,7 +3,7 @@
 The build is content-addressed (sources, options, layouts, tinygrad, target): a re-run with nothing changed only
 verifies and returns. Tiny camera layouts keep the buffers small; the warps' cost does not depend on them.
 """
-import functools, os, pathlib, subprocess, sys
+import functools, json, os, pathlib, subprocess, sys
 from msgq.visionipc.layout import NV12Layout
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -17,20 +17,25 @@ def build(out: pathlib.Path = CACHE, layouts: tuple[NV12Layout, ...] = (LAYOUT, 
           models: str = 'reference', widths: tuple[tuple[str, int], ...] = ()) -> pathlib.Path:
   """modeld-compile for the given layouts (both families unless one is named); returns the artifact dir.
   models: 'reference' (the built-in models) or 'tiny' (the tiny ONNX models of tests/onnx_models.py: seconds to build).
-  widths: (output, width) pairs whose tiny-model output slices get that width instead of the contract's, from the same
-  start (a model whose outputs the daemons cannot parse)."""
+  widths: (output, width) pairs whose slice in the built artifact's manifest gets that width instead of the contract's,
+  from the same start: an artifact whose outputs the daemons cannot parse (modeld-compile refuses such a model, so the
+  manifest, which its file hashes do not cover, is edited after the build)."""
   if models == 'tiny':
     from onnx_models import vision_onnx, policy_onnx, dm_onnx
-    from modelrt.constants import VISION_OUTPUT_SIZES, POLICY_OUTPUT_SIZES, DM_OUTPUT_SIZES, slices_from_sizes
-    def cut(sizes): return {k: slice(v.start, v.start + dict(widths).get(k, v.stop - v.start)) for k, v in slices_from_sizes(sizes).items()}
     (src := out / 'onnx').mkdir(parents=True, exist_ok=True)
-    srcs = ['--vision-onnx', str(vision_onnx(src / 'vision.onnx', output_slices=cut(VISION_OUTPUT_SIZES))),
-            '--policy-onnx', str(policy_onnx(src / 'policy.onnx', output_slices=cut(POLICY_OUTPUT_SIZES))),
-            '--dm-onnx', str(dm_onnx(src / 'dm.onnx', output_slices=cut(DM_OUTPUT_SIZES)))]
+    srcs = ['--vision-onnx', str(vision_onnx(src / 'vision.onnx')), '--policy-onnx', str(policy_onnx(src / 'policy.onnx')),
+            '--dm-onnx', str(dm_onnx(src / 'dm.onnx'))]
   else: srcs = ['--reference']
   cmd = [sys.executable, '-m', 'modelrt.compile', *srcs, '--quiet', '--out', str(out), *[a for l in layouts for a in ('--camera', str(l))]]
   if family: cmd += ['--family', family]
   env = {**os.environ, 'DEV': os.environ.get('DEV', 'CPU'), 'PARALLEL': '0'}
   r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
   if r.returncode != 0: raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+  for fam in ('road', 'dm') if widths else ():
+    if not (m := out / fam / 'manifest.json').exists(): continue
+    manifest = json.loads(m.read_text())
+    for slices in manifest['output_slices'].values():
+      for k, w in widths:
+        if k in slices: slices[k] = [slices[k][0], slices[k][0] + w]
+    m.write_text(json.dumps(manifest, indent=1))
   return out

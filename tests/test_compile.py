@@ -1,11 +1,12 @@
 """ONNX import (openpilot conventions) and the build-time validation of modeld-compile; the artifact it writes and the
 runners over it are tested in test_runtime.py."""
 import base64, json, os, pickle
+import numpy as np
 import pytest
 from tinygrad import Tensor
 from tinygrad.helpers import Context
-from onnx_models import vision_onnx, policy_onnx, dm_onnx
-from modelrt.constants import VISION_OUTPUT_SIZES, POLICY_OUTPUT_SIZES, DM_OUTPUT_SIZES, slices_from_sizes
+from onnx_models import vision_onnx, policy_onnx, dm_onnx, SLICES, KNOWN
+from modelrt.contracts import ROAD_V0_11_1, DM_V0_11_1, ContractError, identify
 from modelrt.onnx_import import load_onnx, OnnxImportError, metadata_props
 from modelrt.compile import build_jit, InputPlan, ValidationError, main
 from modelrt.artifact import write_artifact
@@ -14,24 +15,70 @@ from modelrt.artifact import write_artifact
 def _no_compile_workers():
   with Context(PARALLEL=0): yield   # tiny kernels compile faster in-process than through spawned workers
 
-@pytest.mark.parametrize('make, kind, sizes', [(vision_onnx, 'vision', VISION_OUTPUT_SIZES), (policy_onnx, 'policy', POLICY_OUTPUT_SIZES),
-                                               (dm_onnx, 'dm', DM_OUTPUT_SIZES)])
-def test_onnx_import_reads_inputs_and_output_slices(tmp_path, make, kind, sizes):
-  md = load_onnx(make(tmp_path / 'm.onnx'), kind)
-  assert md.output_slices == slices_from_sizes(sizes)
-  assert list(md.inputs) == list({'vision': ['img', 'big_img'], 'policy': ['features_buffer', 'desire_pulse', 'traffic_convention'],
-                                   'dm': ['input_img', 'calib']}[kind])
-  assert len(md.source_sha256) == 64
+@pytest.mark.parametrize('make, kind, width', [(vision_onnx, 'vision', 1576), (policy_onnx, 'policy', 1000), (dm_onnx, 'dm', 553)])
+def test_onnx_import_reads_the_models_own_metadata(tmp_path, make, kind, width):
+  p = make(tmp_path / 'm.onnx')
+  assert '\n' in metadata_props(p)['output_slices']   # MIME base64, as openpilot's files hold it
+  md = load_onnx(p, kind)
+  assert md.output_slices == SLICES[kind] and md.width == width and len(md.source_sha256) == 64
+  assert md.inputs == {'vision': {'img': ((1, 12, 128, 256), 'uint8'), 'big_img': ((1, 12, 128, 256), 'uint8')},
+                       'policy': {'features_buffer': ((1, 25, 512), 'float32'), 'desire_pulse': ((1, 25, 8), 'float32'),
+                                  'traffic_convention': ((1, 2), 'float32')},
+                       'dm': {'input_img': ((1, 1440 * 960), 'uint8'), 'calib': ((1, 3), 'float32')}}[kind]
 
 @pytest.mark.parametrize('kw, msg', [
-  ({'drop_input': 'big_img'}, r"missing \['big_img'\], extra \[\]"),
-  ({'extra_inputs': [('extra', (1, 2))]}, r"missing \[\], extra \['extra'\]"),
   ({'output_slices': None}, r"no output_slices in metadata_props"),
-  ({'output_slices': {'pose': slice(0, 12), 'hidden_state': slice(1500, 1600)}}, r"'hidden_state' = slice\(1500, 1600, None\) is not a plain range within the model's 1520 outputs"),
+  ({'output_slices': {'pose': slice(0, 12), 'hidden_state': slice(1500, 1600)}}, r"'hidden_state' = slice\(1500, 1600, None\) is not a plain range within the model's 1576 outputs"),
   ({'output_slices': {'pose': slice(0, 12, 2)}}, r"not a plain range"),
 ])
 def test_onnx_import_refuses(tmp_path, kw, msg):
   with pytest.raises(OnnxImportError, match=msg): load_onnx(vision_onnx(tmp_path / 'v.onnx', **kw), 'vision')
+
+# ***** which contract: the release's models are identified, any other is refused with every mismatch named *****
+
+def _road(tmp_path, vision=None, policy=None):
+  return {'vision': load_onnx(vision_onnx(tmp_path / 'v.onnx', **(vision or {})), 'vision'),
+          'policy': load_onnx(policy_onnx(tmp_path / 'p.onnx', **(policy or {})), 'policy')}
+
+def test_release_models_are_identified(tmp_path):
+  assert identify('road', _road(tmp_path)) is ROAD_V0_11_1
+  assert identify('dm', {'dm': load_onnx(dm_onnx(tmp_path / 'd.onnx'), 'dm')}) is DM_V0_11_1
+  # the DM's output also holds its features: named or not, slices the DM contract does not name are allowed
+  extra = {**SLICES['dm'], 'features': slice(41, 553)}
+  assert identify('dm', {'dm': load_onnx(dm_onnx(tmp_path / 'd2.onnx', output_slices=extra), 'dm')}) is DM_V0_11_1
+
+@pytest.mark.parametrize('vision, policy, lines', [
+  ({'widths': {'lead': 102}}, {}, ["vision output vector: expected width 1576, the model has 1534",
+                                    "vision output slice 'lead': expected width 144, the model has 102 (917:1019)"]),
+  # the layout of an earlier model family: plan and lead with hypotheses, meta 48 wide
+  ({'widths': {'lead': 255, 'meta': 48}}, {'widths': {'plan': 4955}},
+   ["vision output vector: expected width 1576, the model has 1680", "vision output slice 'meta': expected width 55, the model has 48 (0:48)",
+    "vision output slice 'lead': expected width 144, the model has 255 (910:1165)", "policy output vector: expected width 1000, the model has 4965",
+    "policy output slice 'plan': expected width 990, the model has 4955 (0:4955)"]),
+  ({'drop_input': 'big_img', 'extra_inputs': [('extra', (1, 2))]}, {},
+   ["vision input 'extra': not in the contract", "vision input 'big_img': missing (expected uint8[1, 12, 128, 256])"]),
+  ({}, {'output_slices': {**SLICES['policy'], 'desire_state': slice(990, 996), 'sim_pose': slice(996, 1000)}},
+   ["policy output slice 'desire_state': expected width 8, the model has 6 (990:996)", "policy output slice 'sim_pose': not in the contract"]),
+])
+def test_other_models_are_refused_naming_each_mismatch(tmp_path, vision, policy, lines):
+  with pytest.raises(ContractError) as e: identify('road', _road(tmp_path, vision, policy))
+  msg = str(e.value)
+  assert msg.startswith("the road models follow no known contract:\n  openpilot-0.11.1:")
+  for line in lines: assert line in msg, msg
+  assert msg.splitlines()[2:] == ['    ' + l for l in lines]   # every mismatch, nothing else
+
+def test_float16_graph_inputs_are_fed_float32(tmp_path):
+  ort = pytest.importorskip('onnxruntime')
+  p = policy_onnx(tmp_path / 'p16.onnx', dtype='float16')
+  md = load_onnx(p, 'policy')
+  assert md.inputs['features_buffer'] == ((1, 25, 512), 'float16')
+  fed = md.fed({k: i.dtype for k, i in identify('road', {**_road(tmp_path), 'policy': md}).policy.inputs.items()})
+  assert fed.inputs['features_buffer'] == ((1, 25, 512), 'float32')
+  rng = np.random.default_rng(0)
+  x = {k: rng.integers(0, 4, s, dtype=np.int64).astype(np.float32) for k, (s, _) in fed.inputs.items()}
+  want = ort.InferenceSession(str(p)).run(None, {k: v.astype(np.float16) for k, v in x.items()})[0]
+  np.testing.assert_array_equal(fed.fn(**{k: Tensor(v) for k, v in x.items()}).numpy(), want)
+  assert want[0, -2] != KNOWN['policy'][-2]   # the inputs reached the output
 
 def test_onnx_output_slices_pickle_may_only_hold_slices(tmp_path):
   class Evil:
@@ -45,8 +92,7 @@ def test_onnx_output_slices_pickle_may_only_hold_slices(tmp_path):
   with pytest.raises(OnnxImportError, match="may only hold slices, found posix.system"): load_onnx(p, 'vision')
   assert not (tmp_path / 'pwned').exists()
 
-def test_onnx_import_refuses_wrong_model_kind_and_garbage(tmp_path):
-  with pytest.raises(OnnxImportError, match=r"policy model inputs must be"): load_onnx(vision_onnx(tmp_path / 'v.onnx'), 'policy')
+def test_onnx_import_refuses_garbage(tmp_path):
   (tmp_path / 'junk.onnx').write_bytes(b'\xff' * 100)
   with pytest.raises(OnnxImportError, match="not a readable ONNX model"): load_onnx(tmp_path / 'junk.onnx', 'vision')
 
@@ -109,6 +155,13 @@ def test_cli_reports_onnx_errors_without_writing(tmp_path, capsys):
   p = dm_onnx(tmp_path / 'd.onnx', output_slices=None)
   assert main(['--dm-onnx', str(p), '--camera', '64x48', '--out', str(tmp_path / 'art'), '--quiet']) == 1
   assert 'no output_slices' in capsys.readouterr().err and not (tmp_path / 'art' / 'dm').exists()
+
+def test_cli_refuses_a_model_with_another_lead_width(tmp_path, capsys):
+  v, p = vision_onnx(tmp_path / 'v.onnx', widths={'lead': 102}), policy_onnx(tmp_path / 'p.onnx')
+  assert main(['--vision-onnx', str(v), '--policy-onnx', str(p), '--camera', '64x48', '--out', str(tmp_path / 'art'), '--quiet']) == 1
+  err = capsys.readouterr().err
+  assert err.startswith('modeld-compile: error: the road models follow no known contract')
+  assert "vision output slice 'lead': expected width 144, the model has 102 (917:1019)" in err and not (tmp_path / 'art').exists()
 
 def test_build_leaves_no_compile_worker_processes(tmp_path, capsys):
   import multiprocessing

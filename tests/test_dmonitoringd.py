@@ -8,7 +8,7 @@ from msgq import pub_sock
 from msgq.visionipc import DRIVER
 from artifacts import CACHE, LAYOUT, ALT_LAYOUT, UNSERVED_LAYOUT, build
 from daemon_harness import Camera, Collector, Daemon, start_daemon
-from modelrt.constants import DM_OUTPUT_SIZES
+from onnx_models import KNOWN
 from dmonitoringd.policy import DriverMonitoring, DistractedType, Settings, DT_DMON
 from common.daemon import EX_CONFIG
 
@@ -21,7 +21,7 @@ def artifacts(): return build(CACHE.parent / 'tiny', models='tiny')
 
 def _side(face=0.95, pitch=0.03, yaw=0.1, std=0.1, eyes=0.9, blink=0.05, phone=0.05, sunglasses=0.05):
   return {'face_orientation': np.array([pitch, yaw, 0.], np.float32), 'face_orientation_std': np.full(3, std, np.float32),
-          'face_position': np.zeros(2, np.float32), 'face_position_std': np.full(2, .1, np.float32), 'face_size': 0.3,
+          'face_position': np.zeros(2, np.float32), 'face_position_std': np.full(2, .1, np.float32),
           'face_prob': face, 'left_eye_prob': eyes, 'right_eye_prob': eyes, 'left_blink_prob': blink, 'right_blink_prob': blink,
           'sunglasses_prob': sunglasses, 'using_phone_prob': phone, 'sleep_prob': 0.}
 
@@ -101,7 +101,7 @@ def test_daemon_frames_in_lockstep(artifacts, tmp_path):
       assert ds.driverStateV2.frameId == n and ds.valid and dms.valid
       v = ds.driverStateV2
       assert 0 < v.gpuExecutionTime <= v.modelExecutionTime < 5 and 0 <= v.wheelOnRightProb <= 1
-      assert np.frombuffer(v.rawPredictions, np.float32).size == sum(DM_OUTPUT_SIZES.values())
+      assert np.frombuffer(v.rawPredictions, np.float32).size == KNOWN['dm'].size
       for side in (v.leftDriverData, v.rightDriverData):
         assert len(side.faceOrientation) == len(side.faceOrientationStd) == 3 and len(side.facePosition) == 2 and 0 <= side.faceProb <= 1
       time.sleep(0.02)

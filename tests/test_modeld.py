@@ -8,10 +8,12 @@ from msgq import pub_sock
 from msgq.visionipc import ROAD, WIDE_ROAD
 from artifacts import CACHE, LAYOUT, ALT_LAYOUT, UNSERVED_LAYOUT, build
 from daemon_harness import Camera, Collector, Daemon, Notify, start_daemon
-from modelrt.constants import VISION_OUTPUT_SIZES, POLICY_OUTPUT_SIZES, T_IDXS
+from onnx_models import SLICES, KNOWN
+from modelrt.constants import T_IDXS
+from modelrt.contracts import ROAD_V0_11_1
 from modeld.sync import FrameSync, FrameDrops
 from modeld.desire import DesireHelper, Desire
-from modeld.fill_msgs import Action, FrameInfo, PublishState, fill_model_msgs, get_action, plan_t_at_x
+from modeld.fill_msgs import Action, FrameInfo, PublishState, action_times, fill_model_msgs, get_action
 from common.daemon import finite_outputs, EX_CONFIG
 from modeld.parse import parse_outputs
 from modelrt.calibration import Calibration, CalibrationError, check_rpy, sensor_name, camera_for
@@ -132,22 +134,40 @@ def _plan(v=20., yaw_rate=0.):
   plan[:, 11], plan[:, 14] = yaw_rate * T_IDXS, yaw_rate
   return plan
 
+PLAN = ROAD_V0_11_1.plan
+def action(plan, prev, v_ego, lat_t=0.4, long_t=0.5): return get_action(plan, prev, lat_t, long_t, v_ego, PLAN)
+
 def test_action_from_plan():
   # a steady turn at yaw rate r: curvature r / v; a constant speed: no acceleration
   a = Action()
-  for _ in range(100): a = get_action(_plan(20., 0.02), a, 0.3, 20.)
-  assert math.isclose(a.desiredCurvature, 0.02 / 20, rel_tol=1e-3) and abs(a.desiredAcceleration) < 1e-6 and not a.shouldStop
-  held = get_action(_plan(20., 0.05), a, 0.3, 0.2)   # below 0.3 m/s the curvature is held
+  for _ in range(100): a = action(_plan(20., 0.02), a, 20.)
+  assert math.isclose(a.desiredCurvature, 0.02 / 20, rel_tol=1e-5) and abs(a.desiredAcceleration) < 1e-6 and not a.shouldStop
+  held = action(_plan(20., 0.05), a, 0.3)   # at 0.3 m/s and below the curvature is held
   assert held.desiredCurvature == a.desiredCurvature
-  assert get_action(_plan(0.), Action(), 0.3, 0.).shouldStop
+  assert action(_plan(0.), Action(), 0.).shouldStop and not action(_plan(0.4), Action(), 0.).shouldStop
   plan = _plan()
   plan[:, 3], plan[:, 6] = 20 - 2 * T_IDXS, -2.   # braking at 2 m/s^2
   a = Action()
-  for _ in range(100): a = get_action(plan, a, 0.3, 20.)
+  for _ in range(100): a = action(plan, a, 20.)
   assert math.isclose(a.desiredAcceleration, -2., rel_tol=1e-3)
+  one = action(plan, Action(), 20.)   # smoothed with tau 0.3 s over a 0.05 s step
+  assert math.isclose(one.desiredAcceleration, -2 * (1 - math.exp(-0.05 / 0.3)), rel_tol=1e-5)
+
+def test_action_times_shorter_than_the_stable_delay_read_the_plan_at_it():
+  plan = _plan(20., 0.)
+  plan[:, 3], plan[:, 11] = 20 - 3 * T_IDXS ** 2, 0.05 * T_IDXS ** 2   # speed and yaw change ever faster
+  at = {t: action(plan, Action(), 20., lat_t=t, long_t=t) for t in (0.1, 0.2, 0.3)}
+  for t in (0.1, 0.2):
+    assert math.isclose(at[t].desiredAcceleration, at[0.3].desiredAcceleration, rel_tol=1e-6)
+    assert math.isclose(at[t].desiredCurvature, at[0.3].desiredCurvature, rel_tol=1e-6)
+  assert not math.isclose(action(plan, Action(), 20., lat_t=0.6).desiredCurvature, at[0.3].desiredCurvature, rel_tol=1e-3)
+
+def test_action_times():
+  assert action_times(0.25) == pytest.approx((0.25 + 0.075, 0.15 + 0.3 + 0.075))
+  assert action_times(float('nan'))[0] == action_times(-3.)[0] == pytest.approx(0.075) and action_times(50.)[0] == pytest.approx(1.075)
 
 def _outputs(rng, scale=1.):
-  return {k: (rng.standard_normal((1, n)) * scale).astype(np.float32) for k, n in {**VISION_OUTPUT_SIZES, **POLICY_OUTPUT_SIZES}.items()}
+  return {k: (rng.standard_normal((1, s.stop - s.start)) * scale).astype(np.float32) for k, s in {**SLICES['vision'], **SLICES['policy']}.items()}
 
 def _floats(obj):
   """Every float in a capnp reader, recursively."""
@@ -164,20 +184,16 @@ def test_non_finite_outputs_never_reach_a_message():
   out['lane_lines'][0, 3] = np.inf
   fixed, finite = finite_outputs({k: v[0] for k, v in out.items()})
   assert not finite
-  parsed = parse_outputs(fixed)
+  parsed = parse_outputs(fixed, ROAD_V0_11_1)
   plan = parsed['plan']
-  msgs = fill_model_msgs(parsed, FrameInfo(40, 40, 0, 0., 1, .01, valid=False), get_action(plan, Action(), .3, 20.), PublishState())
+  msgs = fill_model_msgs(parsed, FrameInfo(40, 40, 0, 0., 1, .01, valid=False), action(plan, Action(), 20.), PublishState(), ROAD_V0_11_1)
   for m in msgs:
     r = m.as_reader()
     assert not r.valid and all(math.isfinite(x) for x in _floats(getattr(r, r.which())))
   mv2 = msgs[0].as_reader().modelV2
   assert len(mv2.laneLines) == 4 and len(mv2.leadsV3) == 3 and len(mv2.position.x) == 33
   assert list(mv2.laneLines[1].x) == pytest.approx(np.float32(np.array([192 * (i / 32) ** 2 for i in range(33)])).tolist())
-
-def test_plan_time_at_distance():
-  t = plan_t_at_x(_plan(10.))   # 10 m/s: 48 m (X_IDXS[16]) at 4.8 s; past the plan's 100 m, its last time
-  assert t[0] == 0 and np.all(np.diff(t) >= 0) and math.isclose(t[16], 4.8, rel_tol=1e-5) and t[-1] == T_IDXS[-1]
-  assert math.isclose(plan_t_at_x(_plan(20.))[-1], 192 / 20, rel_tol=1e-5)
+  assert len(mv2.laneLines[1].t) == 0 and len(mv2.velocity.xStd) == 0 and len(mv2.temporalPose.trans) == 0   # left empty, as in the release
 
 # ***** the daemon *****
 
@@ -299,7 +315,7 @@ def test_daemon_calibration_garbage_and_nan(artifacts):
     for e in col.msgs['modelV2'][start:]:
       assert all(math.isfinite(x) for x in _floats(e.modelV2.to_dict())) and len(e.modelV2.rawPredictions) > 0
       raw = np.frombuffer(e.modelV2.rawPredictions, np.float32)
-      assert raw.size == sum(VISION_OUTPUT_SIZES.values()) + sum(POLICY_OUTPUT_SIZES.values()) and np.isfinite(raw).all()
+      assert raw.size == KNOWN['vision'].size + KNOWN['policy'].size and np.isfinite(raw).all()
   finally:
     rc, _ = d.stop()
     cam.close(); col.close(); notify.close(); pm.close()

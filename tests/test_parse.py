@@ -1,12 +1,12 @@
 import numpy as np
 import pytest
-from modelrt.constants import (VISION_OUTPUT_SIZES, POLICY_OUTPUT_SIZES, DM_OUTPUT_SIZES, DM_SIDE_PROBS, META_DISENGAGE_TYPES,
-                               IDX_N, PLAN_WIDTH, PLAN_MHP_N, LEAD_MHP_N, LEAD_MHP_SELECTION, LEAD_TRAJ_LEN, LEAD_WIDTH, slices_from_sizes)
+from modelrt.contracts import ROAD_V0_11_1, DM_V0_11_1
 from modelrt.parse import safe_exp, sigmoid, softmax, parse_mdn, parse_binary_crossentropy, parse_categorical_crossentropy
-from modeld.parse import parse_vision_outputs, parse_policy_outputs, parse_outputs
+from modeld.parse import parse_outputs
 from dmonitoringd.parse import parse_dm_outputs
 
-def cut(vec: np.ndarray, sizes: dict) -> dict: return {k: vec[None, s] for k, s in slices_from_sizes(sizes).items()}
+def cut(vec: np.ndarray, model) -> dict: return {k: vec[None, s] for k, s in model.slices().items()}
+def width(model) -> int: return model.width or sum(h.width for h in model.heads.values())
 
 def test_primitives_stay_finite():
   x = np.array([-1e30, -1e4, -50, 0, 50, 1e4, 1e30], np.float32)
@@ -35,7 +35,8 @@ def openpilot_mdn(raw, in_N, out_N, out_shape):
   shape = (raw.shape[0], *out_shape) if out_N == 1 else (raw.shape[0], out_N, *out_shape)
   return mf.reshape(shape), sf.reshape(shape)
 
-@pytest.mark.parametrize("in_N,out_N,shape", [(PLAN_MHP_N, 1, (IDX_N, PLAN_WIDTH)), (LEAD_MHP_N, LEAD_MHP_SELECTION, (LEAD_TRAJ_LEN, LEAD_WIDTH))])
+# the multi-hypothesis heads of earlier releases: plan 5 hypotheses, lead 2 hypotheses for 3 selections
+@pytest.mark.parametrize("in_N,out_N,shape", [(5, 1, (33, 15)), (2, 3, (6, 4))])
 def test_parse_mdn_hypotheses(in_N, out_N, shape):
   rng = np.random.default_rng(0)
   raw = rng.normal(size=(3, in_N * (2 * int(np.prod(shape)) + out_N))).astype(np.float32) * 5
@@ -50,66 +51,63 @@ def test_parse_mdn_plain():
   np.testing.assert_array_equal(mu[0], [[0, 1, 2], [3, 4, 5]])
   np.testing.assert_allclose(std[0], [[1, 2, 3], [4, 5, 6]], rtol=1e-6)
 
-def test_road_outputs_layout():
-  n_v, n_p = sum(VISION_OUTPUT_SIZES.values()), sum(POLICY_OUTPUT_SIZES.values())
-  v, p = np.zeros(n_v, np.float32), np.zeros(n_p, np.float32)
-  sv, sp = slices_from_sizes(VISION_OUTPUT_SIZES), slices_from_sizes(POLICY_OUTPUT_SIZES)
-  # lane line probabilities: the odd ("present") entries; line 2 present, others absent
-  v[sv['lane_lines_prob']] = [5, -5, -5, -5, -5, 5, 5, -5]
-  # lane lines: means first (4, 33, 2), then log-stds
-  ll = np.arange(4 * IDX_N * 2, dtype=np.float32)
-  v[sv['lane_lines']] = np.concatenate([ll, np.full_like(ll, np.log(0.5))])
-  # lead: hypothesis 1 wins selection 0 and 2, hypothesis 0 selection 1
-  lead = np.zeros((LEAD_MHP_N, 2 * LEAD_TRAJ_LEN * LEAD_WIDTH + LEAD_MHP_SELECTION), np.float32)
-  lead[0, :24], lead[1, :24] = 10, 20
-  lead[1, -3:], lead[0, -3:] = [3, -3, 3], [0, 0, 0]
-  v[sv['lead']] = lead.ravel()
-  v[sv['meta']][0] = 10
-  # plan: hypothesis 3 most likely
-  plan = np.zeros((PLAN_MHP_N, 2 * IDX_N * PLAN_WIDTH + 1), np.float32)
-  plan[:, :IDX_N * PLAN_WIDTH] = np.arange(PLAN_MHP_N)[:, None]
-  plan[3, -1] = 4
-  p[sp['plan']] = plan.ravel()
+def test_road_outputs_v0_11_1():
+  v, p = np.zeros(width(ROAD_V0_11_1.vision), np.float32), np.zeros(width(ROAD_V0_11_1.policy), np.float32)
+  sv, sp = ROAD_V0_11_1.vision.slices(), ROAD_V0_11_1.policy.slices()
+  assert (v.size, p.size, sv['lead'], sv['meta'], sp['plan']) == (1576, 1000, slice(917, 1061), slice(0, 55), slice(0, 990))
+  v[sv['lane_lines_prob']] = [5, -5, -5, -5, -5, 5, 5, -5]   # per line (absent, present)
+  ll = np.arange(4 * 33 * 2, dtype=np.float32)
+  v[sv['lane_lines']] = np.concatenate([ll, np.full_like(ll, np.log(0.5))])   # means (4, 33, 2), then log-stds
+  lead = np.arange(3 * 6 * 4, dtype=np.float32)
+  v[sv['lead']] = np.concatenate([lead, np.log(lead + 1)])   # one trajectory per LEAD_T_OFFSETS, no hypotheses
+  v[sv['meta']] = np.arange(55) - 27.                        # logit of entry k: k - 27
+  p[sp['plan']] = np.concatenate([np.arange(33 * 15), np.zeros(33 * 15)])
   p[sp['desire_state']][2] = 10
-  out = parse_outputs({**cut(v, VISION_OUTPUT_SIZES), **cut(p, POLICY_OUTPUT_SIZES)})
-  np.testing.assert_allclose(out['lane_lines_prob'], sigmoid(np.float32([-5, -5, 5, -5])))
-  np.testing.assert_array_equal(out['lane_lines'], ll.reshape(4, IDX_N, 2))
+  out = parse_outputs({**cut(v, ROAD_V0_11_1.vision), **cut(p, ROAD_V0_11_1.policy)}, ROAD_V0_11_1)
+  np.testing.assert_allclose(out['lane_lines_prob'][1::2], sigmoid(np.float32([-5, -5, 5, -5])))
+  np.testing.assert_array_equal(out['lane_lines'], ll.reshape(4, 33, 2))
   np.testing.assert_allclose(out['lane_lines_std'], 0.5, rtol=1e-6)
-  assert out['lead'].shape == (3, LEAD_TRAJ_LEN, LEAD_WIDTH) and out['lead_prob'].shape == (3,)
-  np.testing.assert_array_equal(out['lead'][:, 0, 0], [20, 10, 20])
-  assert out['meta']['engagedProb'] > 0.99 and set(out['meta']) == {'engagedProb', *META_DISENGAGE_TYPES}
-  assert all(out['meta'][k].shape == (5,) for k in META_DISENGAGE_TYPES)
-  assert out['plan'].shape == (IDX_N, PLAN_WIDTH) and (out['plan'] == 3).all()
+  np.testing.assert_array_equal(out['lead'], lead.reshape(3, 6, 4))
+  np.testing.assert_allclose(out['lead_std'], (lead + 1).reshape(3, 6, 4), rtol=1e-5)
+  # meta interleaved: engaged 0; from 1, six predictions per 2 s step (2..10 s); from 31, four per step (0..10 s)
+  m, logit = out['meta'], lambda *k: sigmoid(np.float32(k) - 27)
+  np.testing.assert_allclose(m['engagedProb'], logit(0))
+  np.testing.assert_allclose(m['gasDisengageProbs'], logit(1, 7, 13, 19, 25))
+  np.testing.assert_allclose(m['brake5MetersPerSecondSquaredProbs'], logit(6, 12, 18, 24, 30))
+  np.testing.assert_allclose(m['gasPressProbs'], logit(31, 35, 39, 43, 47, 51))
+  np.testing.assert_allclose(m['rightBlinkerProbs'], logit(34, 38, 42, 46, 50, 54))
+  np.testing.assert_array_equal(out['plan'], np.arange(33 * 15).reshape(33, 15))
+  np.testing.assert_array_equal(out['plan_std'], 1)
   assert out['desire_state'].argmax() == 2 and out['desire_state'].sum() == pytest.approx(1)
   assert out['desire_pred'].shape == (4, 8) and np.allclose(out['desire_pred'].sum(-1), 1)
   assert out['hidden_state'].shape == (512,)
   for k in ('pose', 'road_transform'): assert out[k].shape == out[k + '_std'].shape == (6,)
   assert out['wide_from_device_euler'].shape == (3,)
-  assert set(parse_vision_outputs(cut(v, VISION_OUTPUT_SIZES))) | set(parse_policy_outputs(cut(p, POLICY_OUTPUT_SIZES))) == set(out)
 
-def test_dm_outputs_layout():
-  d = np.zeros(sum(DM_OUTPUT_SIZES.values()), np.float32)
-  s = slices_from_sizes(DM_OUTPUT_SIZES)
+def test_dm_outputs_both_sides():
+  d = np.zeros(width(DM_V0_11_1.dm), np.float32)
+  s = DM_V0_11_1.dm.slices()
   d[s['face_descs_rhd']] = [0.1, 0.2, 0.3, -0.2, 0.1, 0.5, *np.log([1, 2, 3, 4, 5, 6])]
   d[s['using_phone_prob_rhd']] = 8
+  d[s['sleep_prob_lhd']] = -8
   d[s['wheel_on_right']] = 3
-  out = parse_dm_outputs(cut(d, DM_OUTPUT_SIZES))
+  out = parse_dm_outputs(cut(d, DM_V0_11_1.dm), DM_V0_11_1)
   r = out['rhd']
   np.testing.assert_allclose(r['face_orientation'], [0.1, 0.2, 0.3])
   np.testing.assert_allclose(r['face_position'], [-0.2, 0.1])
   np.testing.assert_allclose(r['face_orientation_std'], [1, 2, 3], rtol=1e-6)
   np.testing.assert_allclose(r['face_position_std'], [4, 5], rtol=1e-6)
-  assert r['using_phone_prob'] > 0.99 and out['lhd']['using_phone_prob'] == 0.5
+  assert r['using_phone_prob'] > 0.99 and out['lhd']['using_phone_prob'] == 0.5 and out['lhd']['sleep_prob'] < 0.001
   assert out['wheel_on_right_prob'] == pytest.approx(1 / (1 + np.exp(-3)))
-  assert set(r) >= set(DM_SIDE_PROBS)
+  assert set(r) == {'face_orientation', 'face_orientation_std', 'face_position', 'face_position_std', *DM_V0_11_1.side_probs}
 
 @pytest.mark.parametrize("scale", [1.0, 1e4, 1e30])
 def test_no_nan_from_finite(scale):
   rng = np.random.default_rng(1)
-  def rand(sizes): return cut((rng.standard_normal(sum(sizes.values())) * scale).astype(np.float32), sizes)
+  def rand(model): return cut((rng.standard_normal(width(model)) * scale).astype(np.float32), model)
   with np.errstate(over='raise', invalid='raise', divide='raise'):
-    road = parse_outputs({**rand(VISION_OUTPUT_SIZES), **rand(POLICY_OUTPUT_SIZES)})
-    dm = parse_dm_outputs(rand(DM_OUTPUT_SIZES))
+    road = parse_outputs({**rand(ROAD_V0_11_1.vision), **rand(ROAD_V0_11_1.policy)}, ROAD_V0_11_1)
+    dm = parse_dm_outputs(rand(DM_V0_11_1.dm), DM_V0_11_1)
   def leaves(x):
     if isinstance(x, dict):
       for v in x.values(): yield from leaves(v)

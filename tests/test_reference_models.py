@@ -5,12 +5,14 @@ import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit
 from camerad.scene import load_scene, parse_scene
-from modelrt.constants import X_IDXS, T_IDXS, PLAN_POSITION, PLAN_VELOCITY, PLAN_T_FROM_CURRENT_EULER, PLAN_ORIENTATION_RATE
+from modelrt.constants import X_IDXS, T_IDXS
+from modelrt.contracts import ROAD_V0_11_1
 from modelrt.reference import vision_model, policy_model, dm_model
 from modelrt.reference.evaluate import run_road, run_dm, road_inputs, dm_inputs
 from modelrt.reference.road import PLAN_TAU
 
 NEAR = (X_IDXS >= 10) & (X_IDXS <= 50)
+PLAN = ROAD_V0_11_1.plan
 
 class Runner:
   """One TinyJit per model; the first call of each also runs the model eagerly and checks the replay matches."""
@@ -48,7 +50,7 @@ def test_replay_matches_eager(road, runner):
 def test_ego_lane_lines(road, scene):
   for r in road[scene]:
     assert lane_errors(r).max() < 0.15, (r['frame'], lane_errors(r))
-    assert (r['lane_lines_prob'][1:3] > 0.9).all()
+    assert (r['lane_lines_prob'][1::2][1:3] > 0.9).all()   # per line (absent, present)
     assert (r['lane_lines_std'][1:3, NEAR, 0] < 0.5).all()
     np.testing.assert_allclose(r['lane_lines'][:, :, 1], r['truth']['road']['z'], atol=1e-6)
   # the adjacent lines of the 3-lane road and the road edges are found too, a little less precisely
@@ -75,22 +77,22 @@ def test_lead(road):
 def test_plan_follows_the_lane(road):
   for r in road['curve'][-3:]:
     truth, plan = r['truth'], r['plan']
-    v = plan[0, PLAN_VELOCITY][0]
+    v = plan[0, PLAN['velocity']][0]
     assert abs(v - truth['v_ego']) < 0.1 * truth['v_ego']          # speed from the dashes' motion
     assert abs(r['pose'][0] - truth['v_ego']) < 0.1 * truth['v_ego'] and r['pose_std'][0] < 2
     # the plan's path lies on the lane centre (it starts at the ego, 0.2 m off centre, and converges)
     centre = np.mean([l['y'] for l in truth['road']['lane_lines'][1:3]], axis=0)
-    x, y = plan[:, PLAN_POSITION][:, 0], plan[:, PLAN_POSITION][:, 1]
+    x, y = plan[:, PLAN['position']][:, 0], plan[:, PLAN['position']][:, 1]
     sel = (x >= 10) & (x <= 50)
     assert sel.sum() >= 3 and np.abs(y[sel] - np.interp(x[sel], X_IDXS, centre)).max() < 0.35
     # once back on the centre the path turns at the road's curvature: yaw rate / v
     k = truth['road']['curvature']
-    assert abs(np.interp(5.0, T_IDXS, plan[:, PLAN_ORIENTATION_RATE][:, 2]) / v - k) < 0.1 * k
+    assert abs(np.interp(5.0, T_IDXS, plan[:, PLAN['orientationRate']][:, 2]) / v - k) < 0.1 * k
     # openpilot's action, curvature = 2*yaw/(v*t) - yaw_rate/v at the lateral action time: the road's curvature
     # plus the turn back to the centre (a = centre offset, y_merge(t) = -a*exp(-t/tau))
     t, a = 0.5, -truth['road']['ego_offset']
-    yaw = np.interp(t, T_IDXS, plan[:, PLAN_T_FROM_CURRENT_EULER][:, 2])
-    yaw_rate = np.interp(t, T_IDXS, plan[:, PLAN_ORIENTATION_RATE][:, 2])
+    yaw = np.interp(t, T_IDXS, plan[:, PLAN['orientation']][:, 2])
+    yaw_rate = np.interp(t, T_IDXS, plan[:, PLAN['orientationRate']][:, 2])
     e = np.exp(-t / PLAN_TAU)
     merge = 2 * a * e / (PLAN_TAU * v * v * t) + a * e / (PLAN_TAU ** 2 * v * v)
     assert abs(2 * yaw / (v * t) - yaw_rate / v - (k + merge)) < 0.15 * k

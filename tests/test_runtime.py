@@ -4,10 +4,10 @@ import json, os, pickle, shutil
 import numpy as np
 import pytest
 from tinygrad.helpers import Context
-from onnx_models import vision_onnx, policy_onnx, dm_onnx
+from onnx_models import vision_onnx, policy_onnx, dm_onnx, SLICES, KNOWN
 from msgq.visionipc.layout import NV12Layout
-from modelrt.constants import (VISION_OUTPUT_SIZES, POLICY_OUTPUT_SIZES, DM_OUTPUT_SIZES, slices_from_sizes, FRAME_SKIP, DESIRE_LEN, HISTORY_LEN,
-                               IMG_CHANNELS)
+from modelrt.constants import FRAME_SKIP, DESIRE_LEN, IMG_CHANNELS
+from modelrt.contracts import ROAD_V0_11_1
 from modelrt.artifact import load_artifact, ArtifactError, FORMAT_VERSION, tinygrad_version
 from modelrt.compile import main
 from modelrt.guard import CameraLayoutError, _buffer_of
@@ -51,8 +51,9 @@ def test_manifest_describes_the_build(built, road):
   assert (m['format'], m['family'], m['tinygrad'], m['target']['device']) == (FORMAT_VERSION, 'road', tinygrad_version(), 'CPU')
   if os.uname().machine == 'x86_64': assert 'sse2' in m['target']['cpu_features']
   assert m['options'] == {'beam': 0} and m['layouts'] == [str(MAIN), str(EXTRA)]
-  assert m['output_slices']['vision'] == {k: [s.start, s.stop] for k, s in slices_from_sizes(VISION_OUTPUT_SIZES).items()}
-  assert road.output_slices('policy') == slices_from_sizes(POLICY_OUTPUT_SIZES)
+  assert m['contract'] == 'openpilot-0.11.1' and road.contract is ROAD_V0_11_1
+  assert m['output_slices']['vision'] == {k: [s.start, s.stop] for k, s in SLICES['vision'].items()}
+  assert road.output_slices('policy') == SLICES['policy']
   warp = m['jits']['warp_' + str(MAIN).replace(':', '_')]
   assert {i['name']: (i['device'], i['layout'], i['shape'][0]) for i in warp['inputs']}['frame'] == ('CPU', str(MAIN), MAIN.size)
   assert set(m['files']) == {f for j in m['jits'].values() for f in (j['file'], j['weights'])}
@@ -82,6 +83,7 @@ def _edit_manifest(d, fn):
   (lambda m: m['target']['cpu_features'].append('avx512_imaginary'), "instruction-set features this machine lacks: avx512_imaginary"),
   (lambda m: m.update(family='dm'), "holds family 'dm', expected 'road'"),
   (lambda m: m.pop('target'), "manifest.json is incomplete (KeyError: 'target')"),
+  (lambda m: m.update(contract='openpilot-9.9'), "its models follow contract 'openpilot-9.9', which this version does not know"),
 ])
 def test_loader_refuses_other_builds_with_the_rebuild_command(copy, edit, msg):
   _edit_manifest(copy, edit)
@@ -147,8 +149,9 @@ def test_models_match_onnxruntime(built, model):
 def test_outputs_are_cut_and_outlive_later_frames(runner):
   bufs = [CamBuf(MAIN, idx=i, seed=i) for i in range(3)]
   first = runner.run(bufs[0], None, desire(), LHD)
-  assert set(first) == set(VISION_OUTPUT_SIZES) | set(POLICY_OUTPUT_SIZES) | {'raw'}
-  assert all(first[k].shape == (n,) for k, n in {**VISION_OUTPUT_SIZES, **POLICY_OUTPUT_SIZES}.items())
+  assert set(first) == set(SLICES['vision']) | set(SLICES['policy']) | {'raw'}
+  assert all(first[k].shape == (s.stop - s.start,) for k, s in {**SLICES['vision'], **SLICES['policy']}.items())
+  assert first['raw'].shape == (1576 + 1000,) and np.array_equal(first['plan'], KNOWN['policy'][SLICES['policy']['plan']])
   held = {k: v.copy() for k, v in first.items()}
   for b in bufs[1:]: runner.run(b, None, desire(), LHD)
   assert all(np.array_equal(first[k], held[k]) for k in held)
@@ -178,16 +181,18 @@ def test_feature_and_desire_history(runner):
   assert not fb[:-3].any()
   # desire 3 held from frame 2 on: one pulse on the rising edge, max over blocks of 4 frames
   assert runner.full_desire[:, 3].sum() == 1 and runner.full_desire[-1 - (2 * FRAME_SKIP - 2), 3] == 1
-  assert runner.desire_pulse[0][0, :, 3].sum() == 1 and runner.desire_pulse[0].shape == (1, HISTORY_LEN, DESIRE_LEN)
+  assert runner.desire_pulse[0][0, :, 3].sum() == 1 and runner.desire_pulse[0].shape == (1, 25, DESIRE_LEN)
   runner.run(CamBuf(MAIN, seed=1), None, desire(0), LHD)
   assert runner.full_desire[-1, 0] == 0                     # index 0 (no desire) never pulses
 
-def test_prepare_only_updates_images_and_desire_not_features(runner):
+def test_prepare_only_updates_the_images_not_the_features_or_desire(runner):
   runner.run(CamBuf(MAIN, seed=30), None, desire(), LHD)
-  fb = runner.features_buffer[0].copy()
+  fb, fd = runner.features_buffer[0].copy(), runner.full_desire.copy()
   assert runner.run(CamBuf(MAIN, seed=31), None, desire(2), LHD, prepare_only=True) is None
   np.testing.assert_array_equal(runner.features_buffer[0], fb)
-  assert runner.full_desire[-1, 2] == 1
+  np.testing.assert_array_equal(runner.full_desire, fd)     # the pulse of that frame is lost, as in openpilot
+  runner.run(CamBuf(MAIN, seed=32), None, desire(2), LHD)
+  assert not runner.full_desire[:, 2].any()                 # desire 2 held: no new rising edge
 
 def test_reset_clears_history(road):
   r = RoadRunner(road, MAIN, None)
@@ -261,7 +266,7 @@ def test_dm_runner(built):
   x = CamBuf(MAIN, stream=1, seed=90)
   out = r.run(x, np.zeros(3), T)
   np.testing.assert_array_equal(r.warp(frame=r.cameras.get(x, MAIN), transform=r.transform[1]), dm_warp_np(x.data, T, MAIN).reshape(-1))
-  assert set(out) == set(DM_OUTPUT_SIZES) | {'raw'} and out['raw'].shape == (sum(DM_OUTPUT_SIZES.values()),)
+  assert set(out) == set(SLICES['dm']) | {'raw'} and out['raw'].shape == (553,)
   held = out['raw'].copy()
   assert not np.array_equal(held, r.run(x, np.array([0, .1, 0]), T)['raw'])          # calibration is a live input
   assert not np.array_equal(held, r.run(x, np.zeros(3), T * 1.2)['raw'])             # so is the transform
@@ -270,7 +275,7 @@ def test_dm_runner(built):
   with pytest.raises(CameraLayoutError): r.run(CamBuf(EXTRA, stream=1), np.zeros(3), T)
 
 def test_loaded_jit_is_not_linked_before_its_first_replay(road):
-  # REFERENCE §1: `linear` is cached from `_linear` on first use; a caller that re-lowers `_linear` can still do so
+  # tinygrad caches `linear` from `_linear` on first use; a caller that re-lowers `_linear` can still do so
   g = road.load_jit('policy')
   assert 'linear' not in g.jit.captured.__dict__ and g.jit.fxn is None and g.jit.cnt == 2
 

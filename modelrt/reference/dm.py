@@ -1,4 +1,5 @@
-"""Reference driver monitoring model in plain tinygrad, in openpilot's I/O layout, computed from the pixels.
+"""Reference driver monitoring model in plain tinygrad, computed from the pixels, with the I/O of openpilot v0.11.1's
+dmonitoring_model.onnx (modelrt.contracts.DM_V0_11_1; the named heads, without the model's feature vector).
 
 The 1440x960 Y plane is mean-pooled 4x4 (360x240). Each driver side looks at its half of the image (LHD drivers
 sit in the left half, see docs/SCENES.md):
@@ -16,7 +17,8 @@ import hashlib, math
 from pathlib import Path
 import numpy as np
 from tinygrad import Tensor, dtypes
-from modelrt.constants import DM_WIDTH, DM_HEIGHT, DM_INPUTS, DM_OUTPUT_SIZES, slices_from_sizes
+from modelrt.constants import DM_WIDTH, DM_HEIGHT
+from modelrt.contracts import DM_V0_11_1 as CONTRACT
 from modelrt.modeldef import ModelDef
 
 SOURCE_SHA256 = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
@@ -88,8 +90,8 @@ def dm_fn(C: dict[str, Tensor]):
     sides = {'lhd': side(Y, u, v, left, calib), 'rhd': side(Y, u, v, 1 - left, calib)}
     heads = {f'{k}_{s}': sides[s][k] for s in sides for k in sides[s] if k != 'n'}
     heads['wheel_on_right'] = ((sides['rhd']['n'] - sides['lhd']['n']) / 300).clip(-6, 6)
-    return Tensor.cat(*[heads[k].reshape(-1).cast(dtypes.float32) for k in DM_OUTPUT_SIZES]).reshape(1, -1)
+    return Tensor.cat(*[heads[k].reshape(-1).cast(dtypes.float32) for k in CONTRACT.dm.heads]).reshape(1, -1)
   return fn
 
 def dm_model() -> ModelDef:
-  return ModelDef('dm', dict(DM_INPUTS), slices_from_sizes(DM_OUTPUT_SIZES), dm_fn(constants()), SOURCE_SHA256)
+  return ModelDef.to_contract('dm', CONTRACT.dm, dm_fn(constants()), SOURCE_SHA256)

@@ -8,12 +8,13 @@ import numpy as np
 from tinygrad import Tensor
 from camerad.render import SceneRenderer
 from camerad.scene import Scene
-from modelrt.constants import FRAME_SKIP, HISTORY_LEN, FEATURE_LEN, DESIRE_LEN, TRAFFIC_CONVENTION_LEN
+from modelrt.constants import FRAME_SKIP
+from modelrt.contracts import ROAD_V0_11_1, DM_V0_11_1
 from modelrt.geometry import road_warp_matrix, dm_warp_matrix
 from modelrt.modeldef import ModelDef
 from modelrt.warp import road_warp_np, dm_warp_np
 from msgq.visionipc.layout import NV12Layout
-from modeld.parse import parse_vision_outputs, parse_policy_outputs
+from modeld.parse import parse_outputs
 from dmonitoringd.parse import parse_dm_outputs
 
 def _cut(out: np.ndarray, md: ModelDef) -> dict[str, np.ndarray]: return {k: out[:, s] for k, s in md.output_slices.items()}
@@ -38,15 +39,17 @@ def run_road(vision: ModelDef, policy: ModelDef, scene: Scene, frames: range, ru
   """Parsed vision + policy outputs per frame (with 'frame' and 'truth'). `run(md, **inputs) -> (1, N) np.ndarray`
   runs a model (eager by default). The policy sees every 4th hidden state as the daemon queues them."""
   run = run or (lambda md, **kw: md.fn(**{k: Tensor(v) for k, v in kw.items()}).numpy())
-  hidden = np.zeros((1, (HISTORY_LEN - 1) * FRAME_SKIP + 1, FEATURE_LEN), np.float32)
-  desire = np.zeros((1, HISTORY_LEN, DESIRE_LEN), np.float32)
-  tc = np.zeros((1, TRAFFIC_CONVENTION_LEN), np.float32); tc[0, 0] = 1.0
+  shapes = {k: i.shape for k, i in ROAD_V0_11_1.policy.inputs.items()}
+  _, history, feature_len = shapes['features_buffer']
+  hidden = np.zeros((1, (history - 1) * FRAME_SKIP + 1, feature_len), np.float32)
+  desire = np.zeros(shapes['desire_pulse'], np.float32)
+  tc = np.zeros(shapes['traffic_convention'], np.float32); tc[0, 0] = 1.0
   res = []
   for i, img, big in road_inputs(scene, frames, calib):
     v = _cut(run(vision, img=img, big_img=big), vision)
     hidden[0, :-1] = hidden[0, 1:]; hidden[0, -1] = v['hidden_state'][0]
     p = _cut(run(policy, features_buffer=np.ascontiguousarray(hidden[:, ::FRAME_SKIP]), desire_pulse=desire, traffic_convention=tc), policy)
-    res.append({'frame': i, 'truth': scene.truth(i), **parse_vision_outputs(v), **parse_policy_outputs(p)})
+    res.append({'frame': i, 'truth': scene.truth(i), **parse_outputs({**v, **p}, ROAD_V0_11_1)})
   return res
 
 def dm_inputs(scene: Scene, frames: range) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
@@ -58,5 +61,5 @@ def dm_inputs(scene: Scene, frames: range) -> Iterator[tuple[int, np.ndarray, np
 
 def run_dm(dm: ModelDef, scene: Scene, frames: range, run: Callable | None = None) -> list[dict]:
   run = run or (lambda md, **kw: md.fn(**{k: Tensor(v) for k, v in kw.items()}).numpy())
-  return [{'frame': i, 'truth': scene.truth(i), **parse_dm_outputs(_cut(run(dm, input_img=img, calib=calib), dm))}
+  return [{'frame': i, 'truth': scene.truth(i), **parse_dm_outputs(_cut(run(dm, input_img=img, calib=calib), dm), DM_V0_11_1)}
           for i, img, calib in dm_inputs(scene, frames)]

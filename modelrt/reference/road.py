@@ -1,4 +1,5 @@
-"""Reference road models: vision and policy in plain tinygrad, computed from the pixels, in openpilot's I/O layout.
+"""Reference road models: vision and policy in plain tinygrad, computed from the pixels, with the I/O of openpilot
+v0.11.1's driving_vision.onnx and driving_policy.onnx (modelrt.contracts.ROAD_V0_11_1).
 
 Vision reads the newest and the 4-frames-older packed model frame of `img`, rebuilds their 512x256 Y planes and
 works in the calibrated model frame, where a road point (x ahead, y right, camera height h below) sits at
@@ -22,9 +23,8 @@ import functools, hashlib, math
 from pathlib import Path
 import numpy as np
 from tinygrad import Tensor, dtypes
-from modelrt.constants import (IDX_N, X_IDXS, T_IDXS, LEAD_T_IDXS, LEAD_MHP_SELECTION, DESIRE_LEN, DESIRE_PRED_LEN, META_LEN,
-                               POSE_WIDTH, FEATURE_LEN, PLAN_WIDTH, MODEL_WIDTH, MODEL_HEIGHT, FRAME_SKIP, MODEL_RUN_FREQ,
-                               HISTORY_LEN, VISION_INPUTS, POLICY_INPUTS, VISION_OUTPUT_SIZES, POLICY_OUTPUT_SIZES, slices_from_sizes)
+from modelrt.constants import IDX_N, X_IDXS, T_IDXS, LEAD_T_IDXS, LEAD_T_OFFSETS, MODEL_WIDTH, MODEL_HEIGHT, FRAME_SKIP, MODEL_RUN_FREQ
+from modelrt.contracts import ROAD_V0_11_1 as CONTRACT
 from modelrt.geometry import MEDMODEL_INTRINSICS
 from modelrt.modeldef import ModelDef
 
@@ -37,6 +37,8 @@ DEFAULT_SPEED = 20.0                 # m/s, assumed by the policy while no dashe
 SHOULDER = 0.8                       # m of asphalt beyond the outer lines (the synthetic scenes' default)
 _X10 = int(np.argmin(np.abs(X_IDXS - 10.0)))
 SOURCE_SHA256 = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+VISION_HEADS, POLICY_HEADS = CONTRACT.vision.heads, CONTRACT.policy.heads
+HISTORY_LEN = CONTRACT.policy.inputs['features_buffer'].shape[1]
 
 # hidden_state layout: what the policy reads from each history entry
 HIDDEN = {'centre': slice(0, IDX_N), 'centre_std': slice(IDX_N, 2 * IDX_N), 'centre_fit': slice(66, 69), 'lane_width': 69,
@@ -301,14 +303,14 @@ def ego_speed(e_new: Tensor, e_old: Tensor, interp: Tensor) -> tuple[Tensor, Ten
 def constants() -> dict[str, Tensor]:
   """Realized constant tensors the model closes over (lazy constants inside a cat misbehave in tinygrad 0.14)."""
   def c(a) -> Tensor: return Tensor(np.asarray(a, np.float32)).realize()
-  desire = np.zeros((DESIRE_PRED_LEN, DESIRE_LEN)); desire[:, 0] = 1.0   # "none" somewhat more likely, nothing sure
+  desire = np.zeros(VISION_HEADS['desire_pred'].shape); desire[:, 0] = 1.0   # "none" somewhat more likely, nothing sure
+  pose_n = VISION_HEADS['pose'].shape[0]
   grid()
-  return {'X': c(X_IDXS), 'lead_t': c(LEAD_T_IDXS), 'interp': dash_interp(),
+  return {'X': c(X_IDXS), 'lead_t': c(np.add.outer(LEAD_T_OFFSETS, LEAD_T_IDXS)), 'interp': dash_interp(),
           'wide_from_device': c([0, 0, 0, *[math.log(0.05)] * 3]),
-          'road_transform': c([0] * POSE_WIDTH + [math.log(1.0)] * POSE_WIDTH),
-          'desire_pred': c(desire.ravel()), 'pose_rest': c([0] * (POSE_WIDTH - 1)), 'pose_rest_logstd': c([math.log(1.0)] * 2 + [math.log(0.1)] * 3),
-          'meta_rest': c([-3.0] * (META_LEN - 1)), 'hidden_rest': c(np.zeros(FEATURE_LEN - HIDDEN_USED)),
-          'lead_w': c([[2.0] * LEAD_MHP_SELECTION, [0.0] * LEAD_MHP_SELECTION])}
+          'road_transform': c([0] * pose_n + [math.log(1.0)] * pose_n),
+          'desire_pred': c(desire.ravel()), 'pose_rest': c([0] * (pose_n - 1)), 'pose_rest_logstd': c([math.log(1.0)] * 2 + [math.log(0.1)] * 3),
+          'meta_rest': c([-3.0] * (VISION_HEADS['meta'].width - 1)), 'hidden_rest': c(np.zeros(VISION_HEADS['hidden_state'].width - HIDDEN_USED))}
 
 def vision_fn(C: dict[str, Tensor]):
   def fn(img: Tensor, big_img: Tensor) -> Tensor:
@@ -339,7 +341,6 @@ def vision_fn(C: dict[str, Tensor]):
     centre_std = (std[1] ** 2 + std[2] ** 2).sqrt() / 2
     lane_width = (mean[2] - mean[1])[_X10]
     lines_found = ((logit[1] > 0) & (logit[2] > 0)).float()
-    # road edges: SHOULDER beyond the outermost line found (no paint beyond an ego line: it is the outer line)
     # road edges: the asphalt/grass borders beyond the outermost lines; none seen: SHOULDER beyond those lines
     ecoef, ey, eq = detect_edges(edge_weight(Yn), coef, logit > 0, xs, ppm)
     emean, estd, elogit = line_stats(ecoef, ey, eq, xs, C['X'])
@@ -355,12 +356,12 @@ def vision_fn(C: dict[str, Tensor]):
                             Tensor.stack(edge_std, edge_std * 0 + 0.2, dim=-1).log().flatten())
     lane_lines_prob = Tensor.stack(-logit, logit, dim=-1).flatten()
 
-    # lead trajectory at LEAD_T_IDXS: constant relative speed; stds grow with time
-    t = C['lead_t']
-    traj = Tensor.stack((lx + v_rel * t).relu(), ly + t * 0, lead_v + t * 0, t * 0, dim=-1)           # (6, 4) x, y, v, a
+    # lead trajectory at LEAD_T_IDXS from each of LEAD_T_OFFSETS on: constant relative speed; stds grow with time
+    t = C['lead_t']                                                                                   # (3, 6)
+    traj = Tensor.stack((lx + v_rel * t).relu(), ly + t * 0, lead_v + t * 0, t * 0, dim=-1)           # (3, 6, 4) x, y, v, a
     traj_std = Tensor.stack(x_std + v_rel_std * t, 0.3 + 0.1 * t + found.where(0.0, 3.0), lead_v_std + 0.5 * t, 1.0 + 0.2 * t, dim=-1)
-    lead_out = Tensor.cat(traj.flatten(), traj_std.maximum(1e-3).log().flatten(), C['lead_w'][0], traj.flatten(), (traj_std * 2).log().flatten(), C['lead_w'][1])
-    lead_prob = lead_logit.reshape(1).expand(LEAD_MHP_SELECTION)
+    lead_out = Tensor.cat(traj.flatten(), traj_std.maximum(1e-3).log().flatten())
+    lead_prob = lead_logit.reshape(1).expand(len(LEAD_T_OFFSETS))
 
     # pose: forward speed from the dashes; the rest (and the other transforms) are unknown to this model
     pose = Tensor.cat(speed.reshape(1), C['pose_rest'], speed_std.log().reshape(1), C['pose_rest_logstd'])
@@ -373,12 +374,10 @@ def vision_fn(C: dict[str, Tensor]):
     heads = {'pose': pose, 'wide_from_device_euler': C['wide_from_device'], 'road_transform': C['road_transform'], 'desire_pred': C['desire_pred'],
              'meta': meta, 'lane_lines': lane_lines, 'lane_lines_prob': lane_lines_prob, 'road_edges': road_edges, 'lead': lead_out,
              'lead_prob': lead_prob, 'hidden_state': hidden}
-    return Tensor.cat(*[heads[k].cast(dtypes.float32).flatten() for k in VISION_OUTPUT_SIZES]).reshape(1, -1)
+    return Tensor.cat(*[heads[k].cast(dtypes.float32).flatten() for k in VISION_HEADS]).reshape(1, -1)
   return fn
 
-
-def vision_model() -> ModelDef:
-  return ModelDef('vision', dict(VISION_INPUTS), slices_from_sizes(VISION_OUTPUT_SIZES), vision_fn(constants()), SOURCE_SHA256)
+def vision_model() -> ModelDef: return ModelDef.to_contract('vision', CONTRACT.vision, vision_fn(constants()), SOURCE_SHA256)
 
 PLAN_TAU = 2.0   # s: the plan returns to the lane centre with this time constant
 LC_RATE = 0.3    # m/s of lateral drift relative to the lane that reads as a lane change
@@ -409,14 +408,10 @@ def policy_fn(C: dict[str, Tensor]):
     x_std = 0.5 + speed_std * t
     std = Tensor.stack(x_std, y_std, zero + 0.5, speed_std + 0.3 * t, 0.2 + 0.05 * t, zero + 0.5, 0.5 + 0.1 * t, 0.3 + 0.1 * t, zero + 0.5,
                        zero + 0.05, zero + 0.05, 0.02 + 0.01 * t + (1 - lines) * 0.3, zero + 0.05, zero + 0.05, 0.01 + 0.005 * t + (1 - lines) * 0.1, dim=-1)
-    # alternative hypotheses, less likely: a lane change to either side, slower, faster
-    width = new[HIDDEN['lane_width']]
-    lc = (1 - decay) * width
-    hyps = [mean, mean + C['plan_y'] * lc[:, None] * -1, mean + C['plan_y'] * lc[:, None], mean * C['plan_slower'], mean * C['plan_faster']]
-    logits = [3.0, -2.0, -2.0, -1.0, -1.0]
-    plan = Tensor.cat(*[Tensor.cat(h.flatten(), std.maximum(1e-3).log().flatten(), (std[0, :1] * 0 + w)) for h, w in zip(hyps, logits)])
+    plan = Tensor.cat(mean.flatten(), std.maximum(1e-3).log().flatten())
     # desire state: drift across the lane over the last 0.4 s (wrapped where the ego lane switches), plus pulses
     d = f[-1, fit0] - f[-3, fit0]
+    width = new[HIDDEN['lane_width']]
     d = (d > width / 2).where(d - width, (d < -width / 2).where(d + width, d))
     rate = d / (2 * FRAME_DT) * f[-3, HIDDEN['lines_found']] * lines   # no lines then or now: no drift known
     pulse = desire_pulse[0].max(0)
@@ -425,16 +420,12 @@ def policy_fn(C: dict[str, Tensor]):
     # traffic convention's side is slightly more likely than to the other
     desire = Tensor.stack(2.0 - lcl.relu() - lcr.relu() + zero[0], zero[0] - 4, zero[0] - 4, lcl, lcr,
                           zero[0] - 4 + traffic_convention[0, 1] * 0.5, zero[0] - 4 + traffic_convention[0, 0] * 0.5, zero[0] - 6) + pulse * 2
-    return Tensor.cat(plan, desire).reshape(1, -1).cast(dtypes.float32)
+    return Tensor.cat(plan, desire, C['unused']).reshape(1, -1).cast(dtypes.float32)
   return fn
 
 def policy_constants() -> dict[str, Tensor]:
   def c(a) -> Tensor: return Tensor(np.asarray(a, np.float32)).realize()
-  plan_y = np.zeros(PLAN_WIDTH); plan_y[1] = 1.0
-  slower, faster = np.ones(PLAN_WIDTH), np.ones(PLAN_WIDTH)
-  slower[[0, 3]], faster[[0, 3]] = 0.9, 1.1
-  return {'T': c(T_IDXS), 'recency': c(np.exp((np.arange(HISTORY_LEN) - HISTORY_LEN + 1) / 5.0)), 'plan_y': c(plan_y),
-          'plan_slower': c(slower), 'plan_faster': c(faster)}
+  return {'T': c(T_IDXS), 'recency': c(np.exp((np.arange(HISTORY_LEN) - HISTORY_LEN + 1) / 5.0)),
+          'unused': c(np.zeros(CONTRACT.policy.width - sum(h.width for h in POLICY_HEADS.values())))}   # the release's vector has spare entries
 
-def policy_model() -> ModelDef:
-  return ModelDef('policy', dict(POLICY_INPUTS), slices_from_sizes(POLICY_OUTPUT_SIZES), policy_fn(policy_constants()), SOURCE_SHA256)
+def policy_model() -> ModelDef: return ModelDef.to_contract('policy', CONTRACT.policy, policy_fn(policy_constants()), SOURCE_SHA256)
