@@ -11,7 +11,7 @@ from artifacts import CACHE, LAYOUT, REPO, build
 from daemon_harness import Camera, Collector, Daemon, start_daemon
 from faults import MESSAGE_FAULTS, MessageFaults, can_mount_tmpfs, full_disk
 from common.daemon import EX_CONFIG, MAX_BAD_OUTPUTS
-from modelrt.constants import DM_OUTPUT_SIZES, VISION_OUTPUT_SIZES
+from modelrt.contracts import lookup
 from modeld.main import ModelD
 from dmonitoringd.main import DMonitoringD
 from oproute.logreader import LogReader, segment_dirs
@@ -40,7 +40,8 @@ def test_an_altered_artifact_exits_78_before_waiting_for_a_camera(daemon, artifa
 
 @pytest.mark.parametrize('daemon,output,width', [('modeld', 'lead', 216), ('dmonitoringd', 'face_descs_lhd', 10)])
 def test_outputs_that_cannot_be_parsed_skip_frames_then_exit_78(daemon, output, width):
-  """A model whose `output` slice has the wrong width, compiled by modeld-compile. Every frame is skipped (nothing
+  """An artifact whose `output` slice has the wrong width (its manifest edited: modeld-compile refuses such a model
+  outright). Every frame is skipped (nothing
   published, counted), the daemon keeps going for MAX_BAD_OUTPUTS frames, then exits 78 naming the output, the width
   the parser expects and the one the model gives; never a traceback. (face_descs_lhd 10 wide would parse into garbage
   without an error: the size check catches what an exception would not.)"""
@@ -59,7 +60,8 @@ def test_outputs_that_cannot_be_parsed_skip_frames_then_exit_78(daemon, output, 
   finally:
     d.stop()
     cam.close(); col.close(); notify.close()
-  err, want = d.stderr(), {**VISION_OUTPUT_SIZES, **DM_OUTPUT_SIZES}[output]
+  err = d.stderr()
+  want = next(h.width for m in lookup(family, 'openpilot-0.11.1').models.values() for k, h in m.heads.items() if k == output)
   assert rc == EX_CONFIG, err
   assert f"OutputError: the outputs of {MAX_BAD_OUTPUTS} frames in a row could not be parsed, the last because output " \
          f"'{output}': expected {want} values, got {width}" in err
@@ -78,8 +80,8 @@ def test_a_hidden_state_of_another_width_is_refused_with_the_artifact():
 @pytest.mark.parametrize('daemon', DAEMONS)
 def test_malformed_messages_at_100hz_on_every_input_cost_no_output(daemon, artifacts):
   """Garbage, truncated messages and valid messages of the wrong type, 100 a second on every service the daemon
-  subscribes to (camera states from the camera's own publishers), while the camera sends 60 frames: every frame is
-  answered."""
+  subscribes to (camera states from the camera's own publishers), while the camera sends frames (60 at least, and until
+  every input got 10 of each kind): every frame is answered."""
   cls, _, streams = DAEMONS[daemon]
   cam = Camera(streams)
   others = messaging.PubMaster([s for s in cls.SUBSCRIBES if s not in CAMERA_STATE_SERVICES.values()])
@@ -90,8 +92,9 @@ def test_malformed_messages_at_100hz_on_every_input_cost_no_output(daemon, artif
   faults = MessageFaults(socks, hz=100)
   faults.start()
   try:
-    for n in range(1, 61):
-      cam.send(n)
+    n = 0
+    while n < 60 or min(faults.counts.values()) < len(socks) * 10:   # 60 frames, and at least 10 faults of each kind on each input
+      cam.send(n := n + 1)
       for s in cls.PUBLISHES:   # driverMonitoringState carries no frame id: one per frame is what counts
         last = col.wait(s, n)[-1]
         assert s == 'driverMonitoringState' or getattr(last, s).frameId == n
