@@ -349,7 +349,7 @@ struct DrivingModelData {   # the small model message: what controls need, logge
   frameDropPerc @6 :Float32;
   modelExecutionTime @7 :Float32;
 
-  struct PolyPath {   # polynomial coefficients over T_IDXS, highest power first
+  struct PolyPath {   # polynomial coefficients over T_IDXS, lowest power first
     xCoefficients @0 :List(Float32);
     yCoefficients @1 :List(Float32);
     zCoefficients @2 :List(Float32);
