@@ -62,14 +62,14 @@ def main() -> None:
     s = np.array([[1928 / 512, 0, 0], [0, 1208 / 256, 0], [0, 0, 1]], np.float32)
     runner.set_transforms(s, s)
     t = time.perf_counter()
-    runner.run(bufs[0], None, desire, traffic)
+    runner.run(bufs[0], bufs[0], desire, traffic)
     t_first = time.perf_counter() - t
     print(f"first frame after load: {ms(t_first)}; load + first frame: {ms(t_load + t_first)}")
 
     ts = []
     for i in range(60):
       t = time.perf_counter()
-      runner.run(bufs[i % 4], None, desire, traffic)
+      runner.run(bufs[i % 4], bufs[i % 4], desire, traffic)
       ts.append(time.perf_counter() - t)
     ts = ts[10:]
     print(f"steady frame (2 warps + vision + policy, guarded, copied out): p50 {ms(pct(ts, 50))}, p99 {ms(pct(ts, 99))}")

@@ -1,14 +1,20 @@
-"""What both model daemons share: the command line, the start-up order and the camera-restart handling.
+"""What both model daemons share: the command line, the start-up order, the camera-restart handling and the per-frame
+sequence.
 
-A daemon (ModelDaemon subclass) says which camera clients it wants for the streams the server offers, how to build a
-runner for their buffer layouts, and how to serve frames; this module does the rest: verify and load the artifact's
-models first (a broken install fails at once, not when a camera appears), then in openpilot's order wait for the
-camera server's streams, connect, load the warps for the camera's buffer layouts, one warm-up replay, READY=1. When
-the camera server restarts, the tensors over its buffers are dropped before the client unmaps them. Every frame's
-outputs are parsed and filled under OutputGuard: no model output, however wrong, crashes a daemon.
+A daemon (ModelDaemon subclass) says which camera clients it wants for the streams the server offers, how to receive a
+frame from them and which FrameModel serves their buffer layouts; this module does the rest: verify and load the
+artifact's models first (a broken install fails at once, not when a camera appears), then in openpilot's order wait
+for the camera server's streams, connect, load the warps for the camera's buffer layouts, one warm-up replay, READY=1;
+then every frame through the model's step. When the camera server restarts, the tensors over its buffers are dropped
+before the client unmaps them.
+
+FrameModel.step is one frame's sequence, with no socket: the inputs from the newest messages, the guarded model run,
+the outputs (ModelOutput) parsed and filled under OutputGuard (no model output, however wrong, crashes a daemon), the
+stats. A daemon feeds it live frames; modeld-batch recorded ones.
 """
 from __future__ import annotations
 import argparse, logging, os, time
+from dataclasses import dataclass
 from typing import Any, Callable, NoReturn
 import numpy as np
 from common.service import Stats, StopFlag, Watchdog, exit_now, notify, set_process_title, setup_logging
@@ -42,12 +48,6 @@ camera), or its model's outputs could not be parsed for {MAX_BAD_OUTPUTS} frames
   if args.prefix is not None: os.environ['OPENPILOT_PREFIX'] = args.prefix
   if args.device: os.environ['DEV'] = args.device
   return args
-
-def finite_outputs(out: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], bool]:
-  """Outputs with every non-finite value zeroed, and whether they were all finite: NaN never reaches a message."""
-  out = {k: v.reshape(1, -1) for k, v in out.items()}   # the parsers take (batch, n)
-  if all(np.isfinite(v).all() for v in out.values()): return out, True
-  return {k: np.nan_to_num(v, nan=0., posinf=0., neginf=0.) for k, v in out.items()}, False
 
 class OutputError(RuntimeError):
   """Frame after frame, the model's outputs could not be parsed: the artifact's model does not fit this daemon."""
@@ -83,45 +83,119 @@ class OutputGuard:
                         "(modeld-compile --help)")
     return None
 
-class ModelDaemon:
-  name: str                 # process and logger name
-  family: str               # artifact family: 'road' | 'dm'
+@dataclass
+class FrameRun:
+  """A model run of one frame: the camera frames it read, its outputs, when it started and how long it took, and whether
+  the camera reused a buffer meanwhile (torn)."""
+  frames: tuple
+  out: Any          # modelrt.runner.ModelOutput
+  t0: float
+  run_time: float
+  torn: bool
+
+class FrameModel:
+  """What a daemon does with one camera frame once it has it. Subclasses supply the model's inputs (`inputs`), which
+  frames are valid (`valid`) and the messages (`messages`); `step` is the sequence around them."""
   PUBLISHES: list[str]
   SUBSCRIBES: list[str]
 
+  def __init__(self, runner, sm, stats: Stats, log: logging.Logger, raw_predictions: bool = False, sensor: str | None = None):
+    from modelrt.calibration import Calibration
+    self.runner, self.sm, self.stats, self.log, self.raw_predictions, self.sensor = runner, sm, stats, log, raw_predictions, sensor
+    self.contract = runner.artifact.contract
+    self.guard = OutputGuard({k: h.width for m in self.contract.models.values() for k, h in m.heads.items()}, stats, log)
+    self.calib, self._calib_t = Calibration(), None
+
+  def reset(self) -> None:
+    """A new camera session: no history from another."""
+    self.runner.reset()
+
+  def inputs(self, *frames) -> dict | None:
+    """The runner's arguments for these frames (None: skip them)."""
+    raise NotImplementedError
+  def valid(self, run: FrameRun) -> bool: raise NotImplementedError
+  def messages(self, outputs: dict, run: FrameRun, valid: bool) -> list:
+    """[(service, Event builder)] from the outputs (parsed here, under the guard)."""
+    raise NotImplementedError
+
+  def step(self, *frames) -> list:
+    """One frame (the camera buffers it needs, newest messages already in sm): [(service, message)] to publish."""
+    from modelrt.guard import InputSpecError
+    if (t := self.sm.logMonoTime['liveCalibration']) != self._calib_t:   # a new calibration applies from this frame on
+      self._calib_t = t
+      if self.sm.seen['liveCalibration']: self.calib.update(self.sm['liveCalibration'].rpyCalib)
+    fid, t0 = frames[0].frame_id, time.perf_counter()
+    if (kw := self.inputs(*frames)) is None: return []
+    try: out = self.runner.run(**kw)
+    except InputSpecError as e:
+      self.stats.count('bad_input')
+      self.log.error("frame %d skipped: %s", fid, e)
+      return []
+    run = FrameRun(frames, out, t0, time.perf_counter() - t0, any(f.overwritten() for f in frames))   # after the run: False means untorn
+    if run.torn:
+      self.stats.count('torn')
+      self.log.debug("frame %d torn: the camera reused its buffer during the run", fid)
+    if out is None:   # prepare-only
+      self.stats.count('prepare_only')
+      return []
+    if not out.finite:
+      self.stats.count('nonfinite')
+      self.log.debug("frame %d: non-finite model outputs, published invalid", fid)
+    valid = self.valid(run)
+    if (msgs := self.guard(fid, out.outputs, self.messages, run, valid)) is None: return []
+    self.stats.count('frames')
+    self.stats.timing('exec', run.run_time)
+    self.stats.timing('frame', time.perf_counter() - t0)   # frame in hand -> messages made: the run and the daemon's own work
+    if not valid: self.stats.count('invalid')
+    return msgs
+
+class ModelDaemon:
+  name: str                 # process and logger name
+  family: str               # artifact family: 'road' | 'dm'
+  MODEL: type[FrameModel]
+
   def __init__(self, args: argparse.Namespace, stop: StopFlag):
     from cereal import messaging
-    from modelrt.calibration import Calibration
     self.args, self.stop, self.watchdog = args, stop, Watchdog()
     self.log = logging.getLogger(self.name)
     self.stats = Stats(self.log, args.stats_interval)
-    self.pm, self.sm = messaging.PubMaster(self.PUBLISHES), messaging.SubMaster(self.SUBSCRIBES)
-    self.calib = Calibration()
-    self.artifact, self.runners, self.ready = None, {}, False
+    self.pm, self.sm = messaging.PubMaster(self.MODEL.PUBLISHES), messaging.SubMaster(self.MODEL.SUBSCRIBES)
+    self.artifact, self.models, self.ready = None, {}, False
 
   def tick(self) -> None:
-    """Between frames and while waiting: the watchdog, the stats, and the inputs (so they stay current, and a new
+    """Between frames and while waiting: the watchdog, the stats, and the messages (so they stay current, and a new
     publisher's subscription goes live, even while no frame comes)."""
     self.watchdog.kick()
     self.stats.tick()
-    self.update_inputs()
-
-  def update_inputs(self) -> None:
-    """Take in the newest messages; a new calibration applies at once."""
     self.sm.update(0)
-    if self.sm.updated['liveCalibration']: self.calib.update(self.sm['liveCalibration'].rpyCalib)
 
   def clients(self, streams: set[int]) -> list | None:
     """The VisionIpcClients to connect for these streams, or None (logged) if the server lacks what is needed."""
     raise NotImplementedError
 
-  def make_runner(self, layouts: tuple):
-    """A runner (modelrt.runner) for the connected clients' buffer layouts."""
+  def make_model(self, clients: list) -> FrameModel:
+    """The FrameModel (with its runner) for the connected clients' streams and buffer layouts."""
     raise NotImplementedError
 
-  def serve(self, runner, watch, clients: list) -> None:
-    """Frames until the stop flag or a camera server restart."""
+  def receiver(self, clients: list) -> Callable[[], tuple | None]:
+    """A function returning the next frame's buffers (the model's step arguments), or None after a receive timeout."""
     raise NotImplementedError
+
+  def serve(self, model: FrameModel, watch, clients: list) -> None:
+    """Frames until the stop flag or a camera server restart (a client disconnects)."""
+    model.reset()
+    receive = self.receiver(clients)
+    while not self.stop:
+      self.tick()
+      if not all(c.is_connected() for c in clients):
+        self.log.warning("camera server %r restarted or went away: reconnecting", self.args.camera_server)
+        return
+      if (frames := receive()) is None:
+        if watch.changed(): return
+        continue
+      watch.frame()
+      self.sm.update(0)
+      for name, msg in model.step(*frames): self.pm.send(name, msg)
 
   def run(self) -> int:
     from modelrt.artifact import load_artifact
@@ -131,7 +205,6 @@ class ModelDaemon:
       # manifest, hashes and model JITs before any camera: a bad artifact exits 78 at once (the warps wait for the layouts)
       t = time.perf_counter()
       self.artifact = load_artifact(self.args.artifacts, self.family)
-      self.guard = OutputGuard({k: h.width for m in self.artifact.contract.models.values() for k, h in m.heads.items()}, self.stats, self.log)
       self.log.info("loaded %s in %.2f s (layouts: %s)", self.artifact.dir, time.perf_counter() - t, ', '.join(self.artifact.layouts))
       while not self.stop:
         if (streams := wait_for_streams(server, self.stop, self.tick)) is None: break
@@ -140,18 +213,17 @@ class ModelDaemon:
           continue
         try:
           if not connect(clients, self.stop, self.tick): continue
-          layouts = tuple(c.layout for c in clients)
           self.log.info("connected to %r: %s", server, ', '.join(f"stream {c.stream} ({c.layout})" for c in clients))
-          if (runner := self.runners.get(key := tuple(str(l) for l in layouts))) is None:
-            runner = self.runners[key] = self.make_runner(layouts)
-            runner.warmup()
+          if (model := self.models.get(key := tuple((c.stream, str(c.layout)) for c in clients))) is None:
+            model = self.models[key] = self.make_model(clients)
+            model.runner.warmup()
           if not self.ready:
             notify('READY=1', f'STATUS=running on {server} streams {[c.stream for c in clients]}')
             self.ready = True
             self.log.info("ready")
-          self.serve(runner, StreamWatch(server, streams, clients[0].server_id), clients)
+          self.serve(model, StreamWatch(server, streams, clients[0].server_id), clients)
         finally:
-          for r in self.runners.values(): r.release_camera_tensors()   # tensors over the buffers go before the mappings
+          for m in self.models.values(): m.runner.release_camera_tensors()   # tensors over the buffers go before the mappings
           for c in clients: c.close()
     finally:
       self.pm.close()

@@ -7,6 +7,7 @@ Camera buffers are any objects with `addr, idx, stream, width, height, stride, u
 """
 from __future__ import annotations
 import os
+from dataclasses import dataclass
 import numpy as np
 from tinygrad import Tensor, dtypes
 from tinygrad.device import Buffer
@@ -69,11 +70,23 @@ def _host(*shape: int) -> tuple[np.ndarray, Tensor]:
 def _open(artifact: Artifact | str | os.PathLike, family: str) -> Artifact:
   return artifact if isinstance(artifact, Artifact) else load_artifact(artifact, family)
 
-def _cut(out: np.ndarray, slices: dict[str, slice]) -> dict[str, np.ndarray]: return {k: out[s] for k, s in slices.items()}
+@dataclass
+class ModelOutput:
+  """One frame's outputs, freshly copied (nothing here is touched by later frames): `outputs` cut by output_slices, each
+  (1, n) as the parsers take them; `raw` the flat output vectors end to end (rawPredictions). Every non-finite value
+  is zeroed in both (NaN never reaches a message); `finite` says whether there was none."""
+  outputs: dict[str, np.ndarray]
+  raw: np.ndarray
+  finite: bool
+
+def _output(*vectors: tuple[np.ndarray, dict[str, slice]]) -> ModelOutput:
+  finite = all(np.isfinite(v).all() for v, _ in vectors)
+  if not finite: vectors = tuple((np.nan_to_num(v, nan=0., posinf=0., neginf=0.), sl) for v, sl in vectors)
+  return ModelOutput({k: v[s].reshape(1, -1) for v, sl in vectors for k, s in sl.items()}, np.concatenate([v for v, _ in vectors]), finite)
 
 class RoadRunner:
-  """Road model (vision + policy) with its frame history. `run` returns the outputs cut by output_slices (plus 'raw',
-  the vision then policy vectors), freshly copied: nothing returned is touched by later frames.
+  """Road model (vision + policy) with its frame history. `run` returns a ModelOutput (raw: the vision then the policy
+  vector).
 
   History, as openpilot keeps it: the image queues (in the warp JITs) advance every frame; the hidden states queue
   (HISTORY - 1) * FRAME_SKIP + 1 deep, appended after the vision run, and the policy sees every FRAME_SKIP-th, newest
@@ -108,14 +121,14 @@ class RoadRunner:
       if np.shape(m) != (3, 3): raise ValueError(f"{k} transform: expected shape (3, 3), got {np.shape(m)}")
       self.transforms[k][0][:] = m
 
-  def run(self, main_buf, extra_buf, desire: np.ndarray, traffic_convention: np.ndarray, prepare_only: bool = False) -> dict[str, np.ndarray] | None:
-    """One camera frame (extra_buf None: one camera, both warps read main_buf). prepare_only (a frame after a drop)
-    updates the image history only. Bad input raises before any state changes."""
+  def run(self, main_buf, extra_buf, desire: np.ndarray, traffic_convention: np.ndarray, prepare_only: bool = False) -> ModelOutput | None:
+    """One camera frame: main_buf feeds `img`, extra_buf `big_img` (with one camera, the same buffer). prepare_only (a
+    frame after a drop) updates the image history only. Bad input raises before any state changes."""
     desire, traffic_convention = np.asarray(desire, np.float32), np.asarray(traffic_convention, np.float32)
     if desire.shape != (DESIRE_LEN,): raise ValueError(f"desire: expected shape ({DESIRE_LEN},), got {desire.shape}")
     if traffic_convention.shape != (TRAFFIC_CONVENTION_LEN,):
       raise ValueError(f"traffic_convention: expected shape ({TRAFFIC_CONVENTION_LEN},), got {traffic_convention.shape}")
-    frames = {'img': self.cameras.get(main_buf, self.main_layout), 'big_img': self.cameras.get(extra_buf or main_buf, self.extra_layout)}
+    frames = {'img': self.cameras.get(main_buf, self.main_layout), 'big_img': self.cameras.get(extra_buf, self.extra_layout)}
     warp_in = {k: {'queue': self.queues[k], 'frame': frames[k], 'transform': self.transforms[k][1]} for k in self.warps}
     for k, w in self.warps.items(): w.check(warp_in[k])
     imgs = {k: w.replay(**warp_in[k]) for k, w in self.warps.items()}
@@ -137,7 +150,7 @@ class RoadRunner:
     self.desire_pulse[0][0] = self.full_desire.reshape(self.history, FRAME_SKIP, DESIRE_LEN).max(axis=1)
     self.traffic_convention[0][0] = traffic_convention
     policy_out = self.policy(features_buffer=self.features_buffer[1], desire_pulse=self.desire_pulse[1], traffic_convention=self.traffic_convention[1])
-    return {**_cut(vision_out, self.vision_slices), **_cut(policy_out, self.policy_slices), 'raw': np.concatenate([vision_out, policy_out])}
+    return _output((vision_out, self.vision_slices), (policy_out, self.policy_slices))
 
   def reset(self) -> None:
     """Forget all frame history (camera restart): image queues, feature and desire queues."""
@@ -154,8 +167,7 @@ class RoadRunner:
     self.cameras.release()
 
 class DMRunner:
-  """Driver monitoring model: driver camera buffer, calibration and warp transform in; outputs cut by output_slices
-  (plus 'raw'), freshly copied."""
+  """Driver monitoring model: driver camera buffer, calibration and warp transform in; a ModelOutput out."""
   def __init__(self, artifact: Artifact | str | os.PathLike, layout: NV12Layout):
     self.artifact = art = _open(artifact, 'dm')
     self.layout = layout
@@ -167,14 +179,16 @@ class DMRunner:
   @property
   def layouts(self) -> list[str]: return self.artifact.layouts
 
-  def run(self, buf, calib: np.ndarray, transform: np.ndarray) -> dict[str, np.ndarray]:
+  def run(self, buf, calib: np.ndarray, transform: np.ndarray) -> ModelOutput:
     if np.size(calib) != 3: raise ValueError(f"calib: expected 3 values (rpyCalib), got shape {np.shape(calib)}")
     if np.shape(transform) != (3, 3): raise ValueError(f"transform: expected shape (3, 3), got {np.shape(transform)}")
     frame = self.cameras.get(buf, self.layout)
     self.calib[0][:] = np.reshape(calib, (1, 3))
     self.transform[0][:] = transform
-    out = self.model(input_img=self.warp.replay(frame=frame, transform=self.transform[1]), calib=self.calib[1])
-    return {**_cut(out, self.slices), 'raw': out}
+    return _output((self.model(input_img=self.warp.replay(frame=frame, transform=self.transform[1]), calib=self.calib[1]), self.slices))
+
+  def reset(self) -> None:
+    """Nothing to forget: the driver model keeps no frame history."""
 
   def warmup(self) -> None:
     self.run(HostBuf(self.layout), np.zeros(3), np.eye(3))

@@ -31,8 +31,8 @@ from cereal import messaging
 from cereal.services import CAMERA_STATE_SERVICES
 from msgq.visionipc import DRIVER, ROAD, WIDE_ROAD, NV12Layout, VisionIpcClient
 from msgq.visionipc.wire import socket_path
-from modeld.main import ModelD
-from dmonitoringd.main import DMonitoringD
+from modeld.model import RoadModel as ModelD
+from dmonitoringd.model import DriverModel as DMonitoringD
 from oproute.logreader import LogReader, segment_dirs
 
 W, H = 160, 96   # every camera: small frames keep camerad and the warps cheap; the faults do not depend on the size

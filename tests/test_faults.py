@@ -12,11 +12,11 @@ from daemon_harness import Camera, Collector, Daemon, start_daemon
 from faults import MESSAGE_FAULTS, MessageFaults, can_mount_tmpfs, full_disk
 from common.daemon import EX_CONFIG, MAX_BAD_OUTPUTS
 from modelrt.contracts import lookup
-from modeld.main import ModelD
-from dmonitoringd.main import DMonitoringD
+from modeld.model import RoadModel
+from dmonitoringd.model import DriverModel
 from oproute.logreader import LogReader, segment_dirs
 
-DAEMONS = {'modeld': (ModelD, 'road', {ROAD: LAYOUT, WIDE_ROAD: LAYOUT}), 'dmonitoringd': (DMonitoringD, 'dm', {DRIVER: LAYOUT})}
+DAEMONS = {'modeld': (RoadModel, 'road', {ROAD: LAYOUT, WIDE_ROAD: LAYOUT}), 'dmonitoringd': (DriverModel, 'dm', {DRIVER: LAYOUT})}
 
 @pytest.fixture(scope='module')
 def artifacts(): return build(CACHE.parent / 'tiny', models='tiny')

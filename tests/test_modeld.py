@@ -14,7 +14,8 @@ from modelrt.contracts import ROAD_V0_11_1
 from modeld.sync import FrameSync, FrameDrops
 from modeld.desire import DesireHelper, Desire
 from modeld.fill_msgs import Action, FrameInfo, PublishState, action_times, fill_model_msgs, get_action
-from common.daemon import finite_outputs, EX_CONFIG
+from common.daemon import EX_CONFIG
+from modelrt.runner import _output
 from modeld.parse import parse_outputs
 from modelrt.calibration import Calibration, CalibrationError, check_rpy, sensor_name, camera_for
 
@@ -182,9 +183,10 @@ def test_non_finite_outputs_never_reach_a_message():
   out = _outputs(np.random.default_rng(0))
   out['plan'][0, :50] = np.nan
   out['lane_lines'][0, 3] = np.inf
-  fixed, finite = finite_outputs({k: v[0] for k, v in out.items()})
-  assert not finite
-  parsed = parse_outputs(fixed, ROAD_V0_11_1)
+  ends = np.cumsum([v.size for v in out.values()])
+  result = _output((np.concatenate([v.reshape(-1) for v in out.values()]), {k: slice(e - v.size, e) for (k, v), e in zip(out.items(), ends)}))
+  assert not result.finite and np.isfinite(result.raw).all()
+  parsed = parse_outputs(result.outputs, ROAD_V0_11_1)
   plan = parsed['plan']
   msgs = fill_model_msgs(parsed, FrameInfo(40, 40, 0, 0., 1, .01, valid=False), action(plan, Action(), 20.), PublishState(), ROAD_V0_11_1)
   for m in msgs:

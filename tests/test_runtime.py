@@ -37,6 +37,9 @@ def road(built): return load_artifact(built[0], 'road')
 T = np.array([[64 / 512, 0, 0], [0, 48 / 256, 0], [0, 0, 1]], np.float32)   # model frame -> the 64x48 camera
 def desire(i=None): return np.eye(DESIRE_LEN, dtype=np.float32)[i] if i is not None else np.zeros(DESIRE_LEN, np.float32)
 LHD = np.array([1, 0], np.float32)
+def one(runner, buf, *args, **kwargs):
+  """One camera: both warps read the same buffer."""
+  return runner.run(buf, buf, *args, **kwargs)
 
 @pytest.fixture
 def runner(road):
@@ -148,13 +151,13 @@ def test_models_match_onnxruntime(built, model):
 
 def test_outputs_are_cut_and_outlive_later_frames(runner):
   bufs = [CamBuf(MAIN, idx=i, seed=i) for i in range(3)]
-  first = runner.run(bufs[0], None, desire(), LHD)
-  assert set(first) == set(SLICES['vision']) | set(SLICES['policy']) | {'raw'}
-  assert all(first[k].shape == (s.stop - s.start,) for k, s in {**SLICES['vision'], **SLICES['policy']}.items())
-  assert first['raw'].shape == (1576 + 1000,) and np.array_equal(first['plan'], KNOWN['policy'][SLICES['policy']['plan']])
-  held = {k: v.copy() for k, v in first.items()}
-  for b in bufs[1:]: runner.run(b, None, desire(), LHD)
-  assert all(np.array_equal(first[k], held[k]) for k in held)
+  first = runner.run(bufs[0], bufs[0], desire(), LHD)
+  assert set(first.outputs) == set(SLICES['vision']) | set(SLICES['policy']) and first.finite
+  assert all(first.outputs[k].shape == (1, s.stop - s.start) for k, s in {**SLICES['vision'], **SLICES['policy']}.items())
+  assert first.raw.shape == (1576 + 1000,) and np.array_equal(first.outputs['plan'][0], KNOWN['policy'][SLICES['policy']['plan']])
+  held = {k: v.copy() for k, v in first.outputs.items()}
+  for b in bufs[1:]: runner.run(b, b, desire(), LHD)
+  assert all(np.array_equal(first.outputs[k], held[k]) for k in held)
 
 def test_image_queue_keeps_the_frame_four_earlier(road):
   w = road.load_jit(road.warp_name(str(MAIN)))
@@ -173,7 +176,7 @@ def test_image_queue_keeps_the_frame_four_earlier(road):
 def test_feature_and_desire_history(runner):
   hs = []
   for i in range(2 * FRAME_SKIP + 1):
-    hs.append(runner.run(CamBuf(MAIN, seed=20 + i), None, desire(3 if i >= 2 else None), LHD)['hidden_state'].copy())
+    hs.append(one(runner, CamBuf(MAIN, seed=20 + i), desire(3 if i >= 2 else None), LHD).outputs['hidden_state'][0].copy())
   fb = runner.features_buffer[0][0]
   np.testing.assert_array_equal(fb[-1], hs[-1])
   np.testing.assert_array_equal(fb[-2], hs[-1 - FRAME_SKIP])
@@ -182,39 +185,39 @@ def test_feature_and_desire_history(runner):
   # desire 3 held from frame 2 on: one pulse on the rising edge, max over blocks of 4 frames
   assert runner.full_desire[:, 3].sum() == 1 and runner.full_desire[-1 - (2 * FRAME_SKIP - 2), 3] == 1
   assert runner.desire_pulse[0][0, :, 3].sum() == 1 and runner.desire_pulse[0].shape == (1, 25, DESIRE_LEN)
-  runner.run(CamBuf(MAIN, seed=1), None, desire(0), LHD)
+  one(runner, CamBuf(MAIN, seed=1), desire(0), LHD)
   assert runner.full_desire[-1, 0] == 0                     # index 0 (no desire) never pulses
 
 def test_prepare_only_updates_the_images_not_the_features_or_desire(runner):
-  runner.run(CamBuf(MAIN, seed=30), None, desire(), LHD)
+  one(runner, CamBuf(MAIN, seed=30), desire(), LHD)
   fb, fd = runner.features_buffer[0].copy(), runner.full_desire.copy()
-  assert runner.run(CamBuf(MAIN, seed=31), None, desire(2), LHD, prepare_only=True) is None
+  assert one(runner, CamBuf(MAIN, seed=31), desire(2), LHD, prepare_only=True) is None
   np.testing.assert_array_equal(runner.features_buffer[0], fb)
   np.testing.assert_array_equal(runner.full_desire, fd)     # the pulse of that frame is lost, as in openpilot
-  runner.run(CamBuf(MAIN, seed=32), None, desire(2), LHD)
+  one(runner, CamBuf(MAIN, seed=32), desire(2), LHD)
   assert not runner.full_desire[:, 2].any()                 # desire 2 held: no new rising edge
 
 def test_reset_clears_history(road):
   r = RoadRunner(road, MAIN, None)
   r.set_transforms(T, T * 1.1)
   x = CamBuf(MAIN, seed=40)
-  fresh = r.run(x, None, desire(), LHD)
-  for i in range(FRAME_SKIP + 1): r.run(CamBuf(MAIN, seed=41 + i), None, desire(4), LHD)
-  with_history = r.run(x, None, desire(), LHD)
-  assert not np.array_equal(with_history['raw'], fresh['raw'])
+  fresh = r.run(x, x, desire(), LHD)
+  for i in range(FRAME_SKIP + 1): one(r, CamBuf(MAIN, seed=41 + i), desire(4), LHD)
+  with_history = r.run(x, x, desire(), LHD)
+  assert not np.array_equal(with_history.raw, fresh.raw)
   r.reset()
-  np.testing.assert_array_equal(r.run(x, None, desire(), LHD)['raw'], fresh['raw'])
+  np.testing.assert_array_equal(r.run(x, x, desire(), LHD).raw, fresh.raw)
 
 def test_new_buffer_pointer_is_picked_up(runner):
   a, b = CamBuf(MAIN, idx=0, seed=50), CamBuf(MAIN, idx=1, seed=51)
-  out_a = runner.run(a, None, desire(), LHD)['raw'].copy()
+  out_a = runner.run(a, a, desire(), LHD).raw.copy()
   runner.reset()
-  out_b = runner.run(b, None, desire(), LHD)['raw'].copy()
+  out_b = runner.run(b, b, desire(), LHD).raw.copy()
   assert not np.array_equal(out_a, out_b)
   runner.reset()
   remapped = CamBuf(MAIN, idx=0, seed=51)                   # ring index 0 mapped again at another address (camera restart)
   assert remapped.addr != a.addr
-  np.testing.assert_array_equal(runner.run(remapped, None, desire(), LHD)['raw'], out_b)
+  np.testing.assert_array_equal(runner.run(remapped, remapped, desire(), LHD).raw, out_b)
   runner.release_camera_tensors()
   assert not runner.cameras._cache
 
@@ -223,15 +226,15 @@ def test_two_cameras_with_different_layouts(road):
   r.set_transforms(T, T)
   out = r.run(CamBuf(MAIN, 0, seed=60), CamBuf(EXTRA, 2, seed=61), desire(), LHD)
   r.reset()
-  assert not np.array_equal(out['raw'], r.run(CamBuf(MAIN, 0, seed=60), CamBuf(EXTRA, 2, seed=62), desire(), LHD)['raw'])
+  assert not np.array_equal(out.raw, r.run(CamBuf(MAIN, 0, seed=60), CamBuf(EXTRA, 2, seed=62), desire(), LHD).raw)
   with pytest.raises(CameraLayoutError, match=f"expected layout {EXTRA}, got {MAIN}"): r.run(CamBuf(MAIN), CamBuf(MAIN, 2), desire(), LHD)
 
 def test_transforms_are_live_inputs(runner):
   x = CamBuf(MAIN, seed=70)
-  out = runner.run(x, None, desire(), LHD)['raw'].copy()
+  out = runner.run(x, x, desire(), LHD).raw.copy()
   runner.reset()
   runner.set_transforms(T + np.array([[0, 0, 5], [0, 0, 3], [0, 0, 0]], np.float32), T * 1.1)
-  assert not np.array_equal(out, runner.run(x, None, desire(), LHD)['raw'])
+  assert not np.array_equal(out, runner.run(x, x, desire(), LHD).raw)
 
 @pytest.mark.parametrize('buf, msg', [
   (lambda: CamBuf(NV12Layout(64, 48, 128, 8192, 12288 + 64)), r"expected layout 64x48:128:8192:12288, got 64x48:128:8192:12352"),
@@ -239,14 +242,14 @@ def test_transforms_are_live_inputs(runner):
   (lambda: CamBuf(MAIN, misalign=16), r"is not 64-byte aligned"),
 ])
 def test_bad_camera_buffers_are_refused_and_change_nothing(runner, buf, msg):
-  runner.run(CamBuf(MAIN, seed=80), None, desire(5), LHD)
+  one(runner, CamBuf(MAIN, seed=80), desire(5), LHD)
   before = (runner.full_desire.copy(), runner.features_buffer[0].copy())
-  with pytest.raises(CameraLayoutError, match=msg): runner.run(buf(), None, desire(6), LHD)
+  with pytest.raises(CameraLayoutError, match=msg): one(runner, buf(), desire(6), LHD)
   assert np.array_equal(runner.full_desire, before[0]) and np.array_equal(runner.features_buffer[0], before[1])
 
 def test_bad_host_inputs_are_refused(runner):
-  with pytest.raises(ValueError, match=r"desire: expected shape \(8,\), got \(7,\)"): runner.run(CamBuf(MAIN), None, np.zeros(7), LHD)
-  with pytest.raises(ValueError, match=r"traffic_convention: expected shape \(2,\)"): runner.run(CamBuf(MAIN), None, desire(), np.zeros(3))
+  with pytest.raises(ValueError, match=r"desire: expected shape \(8,\), got \(7,\)"): one(runner, CamBuf(MAIN), np.zeros(7), LHD)
+  with pytest.raises(ValueError, match=r"traffic_convention: expected shape \(2,\)"): one(runner, CamBuf(MAIN), desire(), np.zeros(3))
   with pytest.raises(ValueError, match=r"img transform: expected shape \(3, 3\)"): runner.set_transforms(np.eye(2), np.eye(3))
 
 def test_unserved_layout_names_the_command_that_builds_it(road):
@@ -266,12 +269,12 @@ def test_dm_runner(built):
   x = CamBuf(MAIN, stream=1, seed=90)
   out = r.run(x, np.zeros(3), T)
   np.testing.assert_array_equal(r.warp(frame=r.cameras.get(x, MAIN), transform=r.transform[1]), dm_warp_np(x.data, T, MAIN).reshape(-1))
-  assert set(out) == set(SLICES['dm']) | {'raw'} and out['raw'].shape == (553,)
-  held = out['raw'].copy()
-  assert not np.array_equal(held, r.run(x, np.array([0, .1, 0]), T)['raw'])          # calibration is a live input
-  assert not np.array_equal(held, r.run(x, np.zeros(3), T * 1.2)['raw'])             # so is the transform
-  np.testing.assert_array_equal(r.run(x, np.zeros(3), T)['raw'], held)
-  np.testing.assert_array_equal(out['raw'], held)
+  assert set(out.outputs) == set(SLICES['dm']) and out.raw.shape == (553,)
+  held = out.raw.copy()
+  assert not np.array_equal(held, r.run(x, np.array([0, .1, 0]), T).raw)          # calibration is a live input
+  assert not np.array_equal(held, r.run(x, np.zeros(3), T * 1.2).raw)             # so is the transform
+  np.testing.assert_array_equal(r.run(x, np.zeros(3), T).raw, held)
+  np.testing.assert_array_equal(out.raw, held)
   with pytest.raises(CameraLayoutError): r.run(CamBuf(EXTRA, stream=1), np.zeros(3), T)
 
 def test_loaded_jit_is_not_linked_before_its_first_replay(road):

@@ -1,0 +1,52 @@
+"""What dmonitoringd does with one driver frame once it has it, with no socket: dmonitoringd feeds it live frames,
+modeld-batch recorded ones.
+
+Inputs: the driver camera's warp to the model's 1440x960 Y input (from the camera-state message's sensor, or
+--sensor), liveCalibration.rpyCalib as the model's calib input. The outputs of both driver sides are parsed by the
+artifact's contract into driverStateV2, then the policy's driverMonitoringState (face, distraction, awareness, isRHD;
+modeld reads isRHD). gpuExecutionTime is the wall time of the warp + model replays and the copy-out (on the CPU
+backend there is no separate device clock); modelExecutionTime adds parsing. A bad calibration, a torn frame or
+non-finite outputs publish valid=False; the policy learns only from finite, untorn frames.
+"""
+from __future__ import annotations
+import time
+import numpy as np
+from common.daemon import FrameModel, FrameRun
+
+class DriverModel(FrameModel):
+  PUBLISHES = ['driverStateV2', 'driverMonitoringState']
+  SUBSCRIBES = ['liveCalibration', 'carState', 'driverCameraState']
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.reset()
+
+  def reset(self) -> None:
+    from dmonitoringd.policy import DriverMonitoring
+    super().reset()
+    self.policy, self.state, self.geometry, self.transform = DriverMonitoring(), None, None, None
+
+  def inputs(self, buf) -> dict:
+    from modelrt.geometry import dm_warp_matrix
+    from modelrt.calibration import sensor_name, camera_for
+    sensor = sensor_name(str(self.sm['driverCameraState'].sensor), self.sensor)
+    if self.geometry != (g := (sensor, buf.width, buf.height)):
+      self.geometry, self.transform = g, dm_warp_matrix(camera_for(sensor, 'driver', buf.width, buf.height))
+      self.log.info("camera sensor %s", sensor)
+    return dict(buf=buf, calib=self.calib.rpy.astype(np.float32), transform=self.transform)
+
+  def valid(self, run: FrameRun) -> bool:   # no calibration yet is fine, a bad one is not
+    return run.out.finite and not run.torn and (self.calib.valid or not self.calib.errors)
+
+  def messages(self, outputs: dict, run: FrameRun, valid: bool) -> list:
+    from dmonitoringd.parse import parse_dm_outputs
+    from dmonitoringd.fill_msgs import fill_driver_state, fill_monitoring_state
+    (buf,) = run.frames
+    dm = parse_dm_outputs(outputs, self.contract)
+    msgs = [('driverStateV2', fill_driver_state(dm, buf.frame_id, time.perf_counter() - run.t0, run.run_time, valid,
+                                                run.out.raw if self.raw_predictions else None))]
+    cs = self.sm['carState']
+    # the policy learns only from good frames; a bad one repeats the last state, marked invalid
+    if run.out.finite and not run.torn: self.state = self.policy.update(dm, float(cs.vEgo) if np.isfinite(cs.vEgo) else 0., bool(cs.standstill))
+    if self.state is not None: msgs.append(('driverMonitoringState', fill_monitoring_state(self.state, valid)))
+    return msgs

@@ -1,0 +1,84 @@
+"""What modeld does with one road (+ wide road) frame once it has it, with no socket: modeld feeds it live frames,
+modeld-batch recorded ones.
+
+Inputs from the newest messages: the warp transforms from the calibration and the camera geometry (the camera-state
+message's sensor, or --sensor), the desire from the lane-change state, the traffic convention from
+driverMonitoringState.isRHD. Drops are counted by frame id (a frame after a drop only feeds the image history). The
+outputs are parsed by the artifact's contract; the action, the desire and modelV2, drivingModelData, cameraOdometry are
+filled from them as openpilot does. Outputs are valid once a good calibration arrived, for a finite, untorn frame.
+"""
+from __future__ import annotations
+import numpy as np
+from common.daemon import FrameModel, FrameRun
+
+def road_streams(streams: set[int]) -> tuple[int, ...] | None:
+  """The streams the road model takes from those a camera serves, main first: road (wide road when there is no road),
+  then wide road as the extra camera. None without either. The one place that decides the one-camera case: with one
+  stream, the frame sync and the runner read the same buffer for both."""
+  from msgq.visionipc import ROAD, WIDE_ROAD
+  if ROAD in streams: return (ROAD, WIDE_ROAD) if WIDE_ROAD in streams else (ROAD,)
+  return (WIDE_ROAD,) if WIDE_ROAD in streams else None
+
+class RoadModel(FrameModel):
+  PUBLISHES = ['modelV2', 'drivingModelData', 'cameraOdometry']
+  SUBSCRIBES = ['deviceState', 'carState', 'roadCameraState', 'wideRoadCameraState', 'liveCalibration', 'driverMonitoringState',
+                'carControl', 'liveDelay']
+
+  def __init__(self, runner, main_stream: int, *args, **kwargs):
+    super().__init__(runner, *args, **kwargs)
+    from msgq.visionipc import WIDE_ROAD
+    self.main_stream = main_stream
+    self.state_name = 'wideRoadCameraState' if main_stream == WIDE_ROAD else 'roadCameraState'
+    self.reset()
+
+  def reset(self) -> None:
+    from modeld.desire import DesireHelper
+    from modeld.fill_msgs import PublishState
+    from modeld.sync import FrameDrops
+    super().reset()
+    self.desire, self.publish_state, self.drops = DesireHelper(), PublishState(), FrameDrops()
+    self.geometry = None   # (rpy, sensor, main layout, extra layout) the transforms were computed for
+
+  def update_transforms(self, main, extra) -> None:
+    from msgq.visionipc import WIDE_ROAD
+    from modelrt.geometry import road_warp_matrix
+    from modelrt.calibration import sensor_name, camera_for
+    sensor = sensor_name(str(self.sm[self.state_name].sensor), self.sensor)
+    geometry = (tuple(self.calib.rpy), sensor, str(main.layout), str(extra.layout))
+    if geometry == self.geometry: return
+    if self.geometry is None or geometry[1] != self.geometry[1]: self.log.info("camera sensor %s", sensor)
+    main_cam = camera_for(sensor, 'wide' if self.main_stream == WIDE_ROAD else 'road', main.width, main.height)
+    wide_cam = camera_for(sensor, 'wide', extra.width, extra.height)
+    # main: the road model frame (from the wide camera when it is the only one); extra: the wide model frame
+    self.runner.set_transforms(road_warp_matrix(self.calib.rpy, main_cam), road_warp_matrix(self.calib.rpy, wide_cam, wide=True))
+    self.geometry = geometry
+
+  def inputs(self, main, extra) -> dict:
+    self.update_transforms(main, extra)
+    traffic = np.array([0, 1] if self.sm['driverMonitoringState'].isRHD else [1, 0], np.float32)
+    dropped = self.drops.update(main.frame_id)
+    self.stats.gauge('frame_drop_perc', self.drops.frame_drop_perc)
+    if dropped:
+      self.stats.count('dropped', dropped)
+      self.log.debug("prepare-only frame %d: %d frames dropped before it", main.frame_id, dropped)
+    return dict(main_buf=main, extra_buf=extra, desire=self.desire.vector(), traffic_convention=traffic, prepare_only=dropped > 0)
+
+  def valid(self, run: FrameRun) -> bool: return self.calib.valid and run.out.finite and not run.torn
+
+  def messages(self, outputs: dict, run: FrameRun, valid: bool) -> list:
+    from modeld.parse import parse_outputs
+    from modeld.desire import Desire
+    from modeld.fill_msgs import FrameInfo, fill_model_msgs, get_action, action_times
+    main, extra = run.frames
+    parsed = parse_outputs(outputs, self.contract)
+    cs = self.sm['carState']
+    v_ego = max(float(cs.vEgo), 0.) if np.isfinite(cs.vEgo) else 0.
+    action = get_action(parsed['plan'], self.publish_state.prev_action, *action_times(self.sm['liveDelay'].lateralDelay), v_ego, self.contract.plan)
+    lane_change_prob = float(parsed['desire_state'][Desire.laneChangeLeft] + parsed['desire_state'][Desire.laneChangeRight])
+    self.desire.update(cs, self.sm['carControl'].latActive, lane_change_prob)
+    frame_age = max(0, self.sm[self.state_name].frameId - main.frame_id)
+    info = FrameInfo(main.frame_id, extra.frame_id, frame_age, self.drops.frame_drop_perc, main.timestamp_eof, run.run_time, valid=valid,
+                     lane_change_state=self.desire.lane_change_state, lane_change_direction=self.desire.lane_change_direction)
+    msgs = fill_model_msgs(parsed, info, action, self.publish_state, self.contract, run.out.raw if self.raw_predictions else None)
+    if run.out.finite: self.publish_state.prev_action = action
+    return list(zip(self.PUBLISHES, msgs))
