@@ -302,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
   stop = StopFlag()
   try:
     source = open_source(args.source, args.cameras, args.services, args.messages_only)
+    for why in getattr(source, 'unserved', []): log.warning("not served: %s", why)
     return serve(args, source, stop)
   except (SourceError, VideoError, LockstepTimeout, IpcError) as e:
     log.error("%s", e)

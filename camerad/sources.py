@@ -149,17 +149,17 @@ class LogSource(Source):
     try: self.files = log_files(paths, "a")   # rlogs; a segment without one falls back to its qlog
     except (OSError, ValueError) as e: raise SourceError(f"log {' '.join(paths)}: {e}") from None
     recorded, index, self.sensor = self._scan()
-    self.videos, self.streams, why = {}, {}, []
+    self.videos, self.streams, self.unserved = {}, {}, []   # unserved: why a camera with states has no frame to serve
     for cam, c in CAMERAS.items():
       if messages_only: break
       if c.state not in recorded: continue
-      if (v := CameraVideo.of(cam, self.files, index, self.skipped)) is None: why.append(f"{cam}: no {c.encode_idx} events"); continue
+      if (v := CameraVideo.of(cam, self.files, index, self.skipped)) is None: self.unserved.append(f"{cam}: no {c.encode_idx} events"); continue
       try: self.streams[c.stream] = v.size()
-      except VideoError as e: why.append(f"{cam}: {e}"); continue
+      except VideoError as e: self.unserved.append(f"{cam}: {e}"); continue
       self.videos[c.stream] = v
     if not self.streams and not messages_only:
       cams = [cam for cam, c in CAMERAS.items() if c.state in recorded]
-      raise SourceError(f"log {' '.join(paths)}: no camera frame to serve: " + ("; ".join(why) if why else
+      raise SourceError(f"log {' '.join(paths)}: no camera frame to serve: " + ("; ".join(self.unserved) if self.unserved else
                         "no camera states in the log" if not cams else f"{', '.join(cams)} recorded without video") +
                         ". Give --messages-only to republish the messages alone.")
     self.replay = [s for s in recorded if s in SERVICES and (s in services if services else s not in DAEMON_OUTPUTS)

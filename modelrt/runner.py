@@ -36,13 +36,13 @@ def zero_tensor(t: Tensor) -> None:
   (b := _buffer_of(t)).copy_from(Buffer('PYTHON', b.size, b.dtype, opaque=memoryview(bytearray(b.nbytes))))
 
 class HostBuf:
-  """A camera buffer in host memory offering what the runners read of VisionIPC's VisionBuf: for warm-up, benchmarks
-  and tests. image: its bytes (default zeros); idx < 0: never cached; offset: the address this many bytes past a
-  64-byte boundary."""
+  """A camera buffer in host memory offering what the runners read of VisionIPC's VisionBuf: for warm-up, batch replays,
+  benchmarks and tests. image: its bytes (default zeros); idx < 0: never cached; offset: the address this many bytes
+  past a 64-byte boundary."""
   def __init__(self, layout: NV12Layout, image: np.ndarray | None = None, stream: int = -1, idx: int = -1, offset: int = 0):
     self.data = aligned_empty(layout.size + offset)[offset:]
     self.data[:] = 0 if image is None else image
-    self.addr, self.idx, self.stream = self.data.ctypes.data, idx, stream
+    self.addr, self.idx, self.stream, self.layout = self.data.ctypes.data, idx, stream, layout
     self.width, self.height, self.stride, self.uv_offset, self.size = layout.width, layout.height, layout.stride, layout.uv_offset, layout.size
 
 class CameraTensors:

@@ -1,0 +1,4 @@
+import sys
+from batch.main import main
+
+sys.exit(main())

@@ -1,0 +1,163 @@
+"""modeld-batch: the road and driver-monitoring models over every segment of many routes, on Ray.
+
+  modeld-batch ROUTE... --artifacts DIR --out DIR [--workers N] [--address ADDR] [--resume]
+  modeld-batch diff OUT_A OUT_B [--top N]
+
+One Ray task per segment, served by long-lived actors (one per worker) that load the artifacts once, as a daemon does.
+A segment's frames go through the daemons' own frame code (batch/segment.py); its outputs and input camera states go
+to OUT/<route>/<route>--<n>/rlog.zst, written under a temporary name and renamed when complete. Without --address,
+ray.init() starts a local Ray with --workers workers (default: one per core); with it, the job joins that cluster, and
+ROUTE, --artifacts and --out must be paths every node reads (a shared file system).
+"""
+from __future__ import annotations
+import argparse, json, os, shutil, sys, time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+RETRIES = 3   # a segment whose worker died (killed, out of memory) is run again this often on a new worker
+
+@dataclass
+class Job:
+  route: str        # the route's name: OUT/<route>/
+  n: int            # segment number
+  src: str          # the segment folder
+  out: str          # OUT/<route>/<route>--<n>
+
+@dataclass
+class RouteSummary:
+  route: str
+  segments: int = 0
+  done: int = 0
+  resumed: int = 0              # complete from an earlier run (--resume)
+  frames: int = 0
+  lost: int = 0                 # camera frames the segments could not serve (missing from the video, undecodable)
+  invalid: int = 0              # frames whose outputs are published valid = False
+  model_s: float = 0.           # sum of modelExecutionTime and driverStateV2's
+  wall_s: float = 0.            # sum of the segments' wall times on their workers
+  errors: list[str] = field(default_factory=list)
+
+def route_jobs(routes: list[str], out: Path) -> list[Job]:
+  """A job per segment of each route, named as openpilot names them: a route folder or a route name gives its name; a
+  segment folder its route's."""
+  from oproute import segment_dirs
+  from oproute.logreader import segment_number
+  jobs = []
+  for r in routes:
+    for seg in segment_dirs(r):
+      n = max(segment_number(seg), 0)
+      name = seg.name[:seg.name.rindex("--")] if segment_number(seg) >= 0 else seg.name
+      jobs.append(Job(name, n, str(seg), str(out / name / f"{name}--{n}")))
+  if len({j.out for j in jobs}) != len(jobs): raise ValueError("two segments map to the same output (a route given twice?)")
+  return jobs
+
+def run(args) -> int:
+  import ray
+  from tqdm import tqdm
+  from batch.segment import SegmentWorker
+  out = Path(args.out)
+  jobs = route_jobs(args.routes, out)
+  for tmp in out.glob("*/.*.tmp"): shutil.rmtree(tmp, ignore_errors=True)   # what an interrupted run left
+  done = {j.out for j in jobs if (Path(j.out) / "rlog.zst").is_file()}
+  if done and not args.resume:
+    sys.exit(f"modeld-batch: {out} already holds {len(done)} of these segments' outputs: give --resume to skip them, or another --out")
+  todo = [j for j in jobs if j.out not in done]
+  summary = {j.route: RouteSummary(j.route) for j in jobs}
+  for j in jobs:
+    summary[j.route].segments += 1
+    if j.out in done: summary[j.route].resumed += 1
+  try: device = args.device or json.loads((args.artifacts / "road" / "manifest.json").read_text())["target"]["device"]
+  except (OSError, ValueError, KeyError) as e: raise ValueError(f"{args.artifacts}: no readable road artifact ({e}); build it with modeld-compile") from None
+  t0 = time.monotonic()
+  # workers run where Ray puts them: they get the artifact's tinygrad device from here, not from their node's default
+  ray.init(address=args.address, num_cpus=None if args.address else args.workers, include_dashboard=False, log_to_driver=False,
+           runtime_env={"env_vars": {"DEV": device}})
+  print(f"ray: {'joined ' + args.address if args.address else f'local, {args.workers} workers'} in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+  workers = [SegmentWorker.options(num_cpus=1, max_restarts=-1, max_task_retries=RETRIES).remote(str(args.artifacts))
+             for _ in range(min(args.workers, len(todo)) or 1)]
+  pending, queue, interrupted = {}, list(todo), False
+  try:
+    with tqdm(total=len(jobs), initial=len(done), unit="segment", desc="modeld-batch", disable=args.quiet) as bar:
+      idle = list(workers)
+      while queue or pending:
+        while queue and idle:
+          w, j = idle.pop(), queue.pop(0)
+          pending[w.replay.remote(asdict(j))] = (w, j)
+        ready, _ = ray.wait(list(pending), num_returns=1)
+        w, j = pending.pop(ready[0])
+        idle.append(w)
+        s = summary[j.route]
+        try: r = ray.get(ready[0])
+        except ray.exceptions.RayError as e: r = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+        if r.get("error"): s.errors.append(f"{Path(j.src).name}: {r['error']}")
+        else:
+          s.done, s.frames, s.invalid, s.lost = s.done + 1, s.frames + r["frames"], s.invalid + r["invalid"], s.lost + r["lost"]
+          s.model_s, s.wall_s = s.model_s + r["model_s"], s.wall_s + r["wall_s"]
+        bar.update()
+  except KeyboardInterrupt:
+    interrupted = True
+    for w in workers: ray.kill(w, no_restart=True)
+    print("modeld-batch: interrupted; complete segments are kept, --resume goes on from there", file=sys.stderr)
+  finally:
+    ray.shutdown()
+    if interrupted:
+      for tmp in out.glob("*/.*.tmp"): shutil.rmtree(tmp, ignore_errors=True)
+  wall = time.monotonic() - t0
+  report(summary, out, wall)
+  return 130 if interrupted else 1 if any(s.errors for s in summary.values()) else 0
+
+def report(summary: dict[str, RouteSummary], out: Path, wall: float) -> None:
+  """The table on the terminal, and OUT/summary.json."""
+  rows = [f"{'route':40s} {'segments':>8s} {'done':>5s} {'resumed':>7s} {'failed':>6s} {'frames':>7s} {'invalid':>7s} {'lost':>5s} {'model s':>8s} {'wall s':>7s}"]
+  for s in summary.values():
+    rows.append(f"{s.route[:40]:40s} {s.segments:8d} {s.done:5d} {s.resumed:7d} {len(s.errors):6d} {s.frames:7d} {s.invalid:7d} {s.lost:5d} "
+                f"{s.model_s:8.1f} {s.wall_s:7.1f}")
+    rows += [f"  failed: {e}" for e in s.errors]
+  print("\n".join(rows))
+  print(f"job wall time {wall:.1f} s")
+  out.mkdir(parents=True, exist_ok=True)
+  (out / "summary.json").write_text(json.dumps({"wall_s": wall, "routes": [asdict(s) for s in summary.values()]}, indent=1))
+
+def diff(args) -> int:
+  from tools.compare import compare, route_outputs, table
+  a, b = Path(args.a), Path(args.b)
+  routes = sorted({d.name for d in a.iterdir() if d.is_dir()} & {d.name for d in b.iterdir() if d.is_dir()})
+  if not routes:
+    print(f"modeld-batch diff: {a} and {b} share no route", file=sys.stderr)
+    return 1
+  for r in routes:
+    diffs = compare(route_outputs(a / r)[0], route_outputs(b / r)[0], top=args.top)
+    print(f"\n{r}\n{table(diffs)}")
+    for d in diffs:
+      if d.worst and d.worst[0][0] > 0:
+        print(f"  {d.service}.{d.field}: largest changes at " + ", ".join(f"frame {fid} ({v:.3g})" for v, fid in d.worst if v > 0))
+    worst = max((d.worst[0] for d in diffs if d.worst and d.service == "modelV2"), default=None)
+    if worst and worst[0] > 0: print(f"  look at it: modeld-overlay {b / r} --start {worst[1]} --frames 1 --out {r}-{worst[1]}/")
+  return 0
+
+def main(argv: list[str] | None = None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  if argv[:1] == ["diff"]:
+    ap = argparse.ArgumentParser(prog="modeld-batch diff", description="Compare two batch outputs (say, two model versions) per route and field.")
+    ap.add_argument("a", metavar="OUT_A")
+    ap.add_argument("b", metavar="OUT_B")
+    ap.add_argument("--top", type=int, default=5, metavar="N", help="frames with the largest changes to list per field (default 5)")
+    return diff(ap.parse_args(argv[1:]))
+  ap = argparse.ArgumentParser(prog="modeld-batch", description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("routes", nargs="+", metavar="ROUTE", help="route folders or names, or segment folders (what camerad --source reads)")
+  ap.add_argument("--artifacts", required=True, type=Path, help="artifact directory built by modeld-compile for the routes' camera layouts")
+  ap.add_argument("--out", required=True, type=Path, help="output folder: OUT/<route>/<route>--<n>/rlog.zst and OUT/summary.json")
+  ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, metavar="N", help="workers (actors) (default: one per core)")
+  ap.add_argument("--address", metavar="ADDR", help="join this Ray cluster (e.g. auto, or ray://head:10001) instead of starting a local Ray")
+  ap.add_argument("--device", help="tinygrad device of the workers (default: the artifact's)")
+  ap.add_argument("--resume", action="store_true", help="skip segments whose output is complete")
+  ap.add_argument("--quiet", action="store_true", help="no progress bar")
+  args = ap.parse_args(argv)
+  if args.workers < 1: ap.error(f"--workers: expected >= 1, got {args.workers}")
+  try: return run(args)
+  except (OSError, ValueError) as e:
+    print(f"modeld-batch: {e}", file=sys.stderr)
+    return 1
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,117 @@
+"""One segment through the daemons' own frame code, on a Ray worker: the batch's unit of work.
+
+The segment is read by camerad's route source: the same decoding, message order, camera states and frame timestamps
+a lockstep replay serves (camerad --lockstep keeps a log's frame ids and recorded timestamps). Frames are decoded
+straight into host buffers of camerad's default (packed) buffer layout; messages feed a SubMaster without sockets;
+each frame goes through modeld's RoadModel and dmonitoringd's DriverModel (runner, guard, copy-out, parse, fill), with
+fresh history at the segment's start. What a daemon would publish for a frame is taken in from the next frame on, as
+the daemons see each other's outputs (modeld reads dmonitoringd's isRHD). The outputs, the input camera states and
+the segment's EncodeIdx events go to <out>/rlog.zst, the videos are linked beside it (so modeld-overlay and camerad
+take the output as a route), all under a temporary name renamed when complete.
+"""
+from __future__ import annotations
+import logging, math, os, shutil, time, traceback
+from pathlib import Path
+import ray
+
+log = logging.getLogger("modeld-batch")
+
+class Frame:
+  """A decoded camera frame in a host buffer, with what a VisionIPC frame carries besides its memory."""
+  def __init__(self, buf, frame_id: int, timestamp_sof: int, timestamp_eof: int):
+    self.buf, self.frame_id, self.timestamp_sof, self.timestamp_eof = buf, frame_id, timestamp_sof, timestamp_eof
+  def __getattr__(self, k): return getattr(self.buf, k)   # addr, idx, stream, width, height, stride, uv_offset, size, layout
+  def overwritten(self) -> bool: return False   # nobody else writes a worker's buffers
+
+class Runners:
+  """A worker's loaded artifacts: models loaded once, warps per camera layout as segments need them; and host buffers
+  per stream and layout, which outlive the tensors the runners keep over them."""
+  def __init__(self, artifacts: str):
+    from modelrt.artifact import load_artifact
+    self.arts = {f: load_artifact(artifacts, f) for f in ('road', 'dm')}
+    self.runners, self.bufs = {}, {}
+
+  def get(self, family: str, layouts: tuple):
+    from modelrt.runner import DMRunner, RoadRunner
+    if (r := self.runners.get(key := (family, tuple(map(str, layouts))))) is None:
+      r = self.runners[key] = (RoadRunner if family == 'road' else DMRunner)(self.arts[family], *layouts)
+    return r
+
+  def buf(self, stream: int, layout):
+    from modelrt.runner import HostBuf
+    if (b := self.bufs.get(key := (stream, str(layout)))) is None: b = self.bufs[key] = HostBuf(layout, stream=stream, idx=0)
+    return b
+
+def replay_segment(src: str, out: str, runners: Runners) -> dict:
+  """Run segment src through the daemons' frame models; returns its counts."""
+  from cereal import messaging
+  from cereal.services import CAMERA_STATE_SERVICES, CAMERAS
+  from camerad.sources import LogSource
+  from camerad.main import camera_state
+  from common.service import Stats
+  from dmonitoringd.model import DriverModel
+  from modeld.model import RoadModel, road_streams
+  from msgq.visionipc import DRIVER, NV12Layout
+  from oproute.logreader import LogReader, segment_log
+  from oproute.video import VideoError
+  from oproute.writer import LogFile, init_data
+  t0 = time.monotonic()
+  source = LogSource([src])
+  if source.unserved: raise VideoError("; ".join(source.unserved))   # a camera recorded but not served: its outputs would be missing
+  layouts = {s: NV12Layout.packed(w, h) for s, (w, h) in source.streams.items()}   # camerad's default buffers
+  stats = Stats(log, interval=math.inf)
+  sm = messaging.SubMaster(sorted(set(RoadModel.SUBSCRIBES) | set(DriverModel.SUBSCRIBES)), addr=None)
+  road = (streams := road_streams(set(layouts))) and RoadModel(runners.get('road', tuple(layouts[s] for s in streams)), streams[0], sm, stats, log)
+  dm = DRIVER in layouts and DriverModel(runners.get('dm', (layouts[DRIVER],)), sm, stats, log)
+  final, tmp = Path(out), Path(out).parent / f".{Path(out).name}.tmp"
+  shutil.rmtree(tmp, ignore_errors=True)
+  tmp.mkdir(parents=True)
+  for c in CAMERAS.values():
+    if (v := Path(src) / c.video).is_file(): os.symlink(v.resolve(), tmp / c.video)
+  rlog = LogFile(tmp / "rlog.zst")
+  rlog.write(init_data())
+  for dat, ev in LogReader(segment_log(Path(src), "a")).raw():
+    if ev.which().endswith("EncodeIdx"): rlog.write(dat)
+  frames, invalid, model_s, last, pending, served = 0, 0, 0., {}, [], dict.fromkeys(layouts, 0)
+  for tick in source.ticks():
+    evs = [messaging.log_from_bytes(dat) for _, dat in tick.msgs] + pending
+    sm.update_msgs(time.monotonic(), [ev for ev in evs if ev.which() in sm.data])
+    if not tick.frames: continue
+    for s, fill in tick.frames.items():
+      fill((buf := runners.buf(s, layouts[s])).data, layouts[s])
+      served[s] += 1
+      st = tick.states[s]
+      last[s] = Frame(buf, tick.index, st.timestampSof, st.timestampEof)
+    msgs = [(svc, camera_state(svc, tick.index, tick.index, last[s].timestamp_sof, last[s].timestamp_eof, 0., source.sensor[s], tick.states[s]))
+            for s in tick.frames for svc in [CAMERA_STATE_SERVICES[s]]]
+    if road and streams[0] in tick.frames: msgs += road.step(*(last.get(s, last[streams[0]]) for s in (streams[0], streams[-1])))
+    if dm and DRIVER in tick.frames: msgs += dm.step(last[DRIVER])
+    pending = []
+    for svc, msg in msgs:
+      rlog.write(dat := msg.to_bytes())
+      pending.append(ev := messaging.log_from_bytes(dat))
+      if svc in ("modelV2", "driverStateV2"):
+        invalid += not ev.valid
+        model_s += getattr(ev, svc).modelExecutionTime
+    frames += 1
+  rlog.close()
+  if dead := [CAMERAS[c].video for c, cam in CAMERAS.items() if served.get(cam.stream) == 0]:
+    raise VideoError(f"no frame of {', '.join(dead)} could be decoded ({'; '.join(source.skipped) or 'no reason given'})")
+  if final.exists(): shutil.rmtree(final)
+  os.rename(tmp, final)
+  return {"frames": frames, "invalid": invalid, "model_s": model_s, "wall_s": time.monotonic() - t0, "lost": sum(source.skipped.values()),
+          "bad_output": stats.totals.get("bad_output", 0), "lost_why": dict(source.skipped)}
+
+@ray.remote
+class SegmentWorker:
+  """Holds a worker's loaded artifacts and replays segments, one at a time, as a daemon serves frames."""
+  def __init__(self, artifacts: str):
+    self.runners = Runners(artifacts)
+
+  def pid(self) -> int: return os.getpid()
+
+  def replay(self, job: dict) -> dict:
+    try: return replay_segment(job["src"], job["out"], self.runners)
+    except Exception as e:   # a corrupt or unreadable segment: reported, and the worker serves the next one
+      log.error("%s: %s", job["src"], traceback.format_exc())
+      return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}

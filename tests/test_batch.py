@@ -1,0 +1,136 @@
+"""modeld-batch on a real local Ray: the same outputs as the live daemons in lockstep, retries of a killed worker,
+a corrupt segment reported while the rest finish, Ctrl-C and --resume, and diff."""
+import json, os, shutil, signal, subprocess, sys, time
+from pathlib import Path
+import pytest
+from artifacts import REPO, build
+from daemon_harness import Collector, Daemon
+from openpilot_route import write_route
+from test_openpilot_route import lockstep, scene, tiny_artifacts   # noqa: F401 (fixtures)
+from tools.compare import compare, route_outputs
+
+ENV = {**os.environ, "DEV": "CPU", "RAY_AUTH_MODE": "disabled"}
+
+def batch(*args, timeout: float = 300) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, "-m", "batch", *map(str, args), "--quiet"], cwd=REPO, capture_output=True, text=True, env=ENV,
+                        timeout=timeout)
+
+def start_batch(*args) -> subprocess.Popen:
+  return subprocess.Popen([sys.executable, "-m", "batch", *map(str, args), "--quiet"], cwd=REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=ENV)
+
+@pytest.fixture(scope="module")
+def routes(scene, tmp_path_factory) -> list[Path]:
+  """Three short routes of two segments, each starting at another frame id."""
+  d = tmp_path_factory.mktemp("routes")
+  for i, name in enumerate(("a", "b", "c")): write_route(d / name, scene, segments=2, frames=8, first_frame_id=100 * (i + 1))
+  return [d / n for n in ("a", "b", "c")]
+
+def same(a: Path, b: Path) -> None:
+  """Every compared field of every frame equal, and the same frames."""
+  for d in compare(route_outputs(a)[0], route_outputs(b)[0]):
+    assert (d.max, d.missing, d.extra) == (0, 0, 0) and d.frames > 0, (a, b, d)
+
+def test_batch_equals_the_daemons_in_lockstep(routes, tiny_artifacts, tmp_path):
+  """Three routes with two workers: every segment's outputs equal, bit for bit, those of the live daemons fed the same
+  segment in lockstep (history starts fresh at each segment in both)."""
+  r = batch(*routes, "--artifacts", tiny_artifacts, "--out", tmp_path / "out", "--workers", 2)
+  assert r.returncode == 0, r.stderr
+  summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+  assert [(s["route"], s["segments"], s["done"], s["frames"], s["errors"]) for s in summary["routes"]] == [(n, 2, 2, 16, []) for n in "abc"]
+  assert "route" in r.stdout and "job wall time" in r.stdout
+  daemons = [Daemon(m, tiny_artifacts) for m in ("modeld", "dmonitoringd")]
+  try:
+    for route in routes:
+      for seg in sorted(route.iterdir()):
+        col = Collector(["modelV2", "drivingModelData", "cameraOdometry", "driverStateV2", "driverMonitoringState", "roadCameraState"])
+        rec = subprocess.Popen([sys.executable, "-m", "tools.record", "--route", tmp_path / "live" / seg.name], cwd=REPO, stderr=subprocess.PIPE, text=True)
+        while "recording" not in rec.stderr.readline(): pass
+        lockstep(seg, col)
+        time.sleep(0.3)
+        rec.send_signal(signal.SIGTERM)
+        assert rec.wait(20) == 0
+        col.close()
+        same(tmp_path / "live" / seg.name, tmp_path / "out" / route.name / seg.name)
+  finally:
+    for d in daemons: d.stop()
+
+def test_killed_worker_is_retried_with_identical_results(scene, tiny_artifacts, tmp_path):
+  """A worker SIGKILLed in the middle of a segment: Ray restarts it and runs the segment again; no partial output is
+  left, and every output equals that of a run without the kill."""
+  long = tmp_path / "long"
+  write_route(long, scene, segments=2, frames=60)
+  r = batch(long, "--artifacts", tiny_artifacts, "--out", tmp_path / "clean", "--workers", 1)
+  assert r.returncode == 0, r.stderr
+  p = start_batch(long, "--artifacts", tiny_artifacts, "--out", tmp_path / "killed", "--workers", 1)
+  try:
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "killed" / "long").glob(".long--*.tmp")):   # a segment in progress
+      assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+      time.sleep(0.005)
+    pids = subprocess.run(["pgrep", "-f", "ray::SegmentWorker"], capture_output=True, text=True).stdout.split()
+    assert pids, "no Ray worker process holding a SegmentWorker"
+    for pid in pids: os.kill(int(pid), signal.SIGKILL)
+    out, err = p.communicate(timeout=300)
+  finally:
+    if p.poll() is None: p.kill()
+  assert p.returncode == 0, err
+  assert not list((tmp_path / "killed").rglob("*.tmp")) and sorted(os.listdir(tmp_path / "killed" / "long")) == ["long--0", "long--1"]
+  same(tmp_path / "clean" / "long", tmp_path / "killed" / "long")
+
+def test_corrupt_segment_is_reported_the_rest_finish_and_resume(routes, tiny_artifacts, tmp_path):
+  """One segment's video damaged, another's log garbage: both reported with their error in the summary (exit 1),
+  every other segment done. A re-run with --resume skips the done ones; without it the output folder is refused."""
+  src = tmp_path / "src"
+  for r in routes[:2]: shutil.copytree(r, src / r.name)
+  (src / "a" / "a--1" / "fcamera.hevc").write_bytes(b"\x00\x00\x01" + os.urandom(2000))
+  (src / "b" / "b--0" / "rlog.zst").write_bytes(os.urandom(3000))
+  r = batch(src / "a", src / "b", "--artifacts", tiny_artifacts, "--out", tmp_path / "out", "--workers", 2)
+  assert r.returncode == 1, r.stderr
+  summary = {s["route"]: s for s in json.loads((tmp_path / "out" / "summary.json").read_text())["routes"]}
+  assert summary["a"]["done"] == 1 and summary["b"]["done"] == 1 and all(len(summary[k]["errors"]) == 1 for k in "ab"), summary
+  assert summary["a"]["errors"][0].startswith("a--1: ") and summary["b"]["errors"][0].startswith("b--0: ")
+  assert "failed: a--1" in r.stdout and "failed: b--0" in r.stdout
+  r = batch(src / "a", src / "b", "--artifacts", tiny_artifacts, "--out", tmp_path / "out")
+  assert r.returncode == 1 and "--resume" in r.stderr
+  shutil.copytree(routes[1] / "b--0", src / "b" / "b--0", dirs_exist_ok=True)   # the log repaired
+  r = batch(src / "a", src / "b", "--artifacts", tiny_artifacts, "--out", tmp_path / "out", "--resume")
+  summary = {s["route"]: s for s in json.loads((tmp_path / "out" / "summary.json").read_text())["routes"]}
+  assert (summary["b"]["resumed"], summary["b"]["done"], summary["b"]["errors"]) == (1, 1, []), summary
+  assert (summary["a"]["resumed"], summary["a"]["done"], len(summary["a"]["errors"])) == (1, 0, 1), summary
+
+def test_ctrl_c_stops_cleanly_and_resume_finishes(scene, tiny_artifacts, tmp_path):
+  """SIGINT during a job: exit 130, no temporary output left; --resume completes the rest, and the outputs equal a
+  run never interrupted."""
+  long = tmp_path / "long"
+  write_route(long, scene, segments=3, frames=40)
+  p = start_batch(long, "--artifacts", tiny_artifacts, "--out", tmp_path / "out", "--workers", 1)
+  try:
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "out" / "long" / "long--0").exists():   # one segment done, others to come
+      assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+      time.sleep(0.01)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+  finally:
+    if p.poll() is None: p.kill()
+  assert p.returncode == 130 and "interrupted" in err, err
+  assert not list((tmp_path / "out").rglob("*.tmp"))
+  r = batch(long, "--artifacts", tiny_artifacts, "--out", tmp_path / "out", "--resume")
+  assert r.returncode == 0, r.stderr
+  assert sorted(os.listdir(tmp_path / "out" / "long")) == ["long--0", "long--1", "long--2"]
+  r = batch(long, "--artifacts", tiny_artifacts, "--out", tmp_path / "whole")
+  same(tmp_path / "whole" / "long", tmp_path / "out" / "long")
+
+def test_diff_lists_the_largest_changes(routes, tiny_artifacts, tmp_path):
+  """Two batch outputs of other models (the tiny ONNX models and the reference models): diff prints each field's
+  differences and the frames that changed most, with the modeld-overlay command to see one."""
+  ref = build()   # the reference models, shared with the other tests
+  for name, art in (("tiny", tiny_artifacts), ("ref", ref)):
+    assert batch(routes[0], "--artifacts", art, "--out", tmp_path / name).returncode == 0
+  r = subprocess.run([sys.executable, "-m", "batch", "diff", tmp_path / "tiny", tmp_path / "ref", "--top", "3"], cwd=REPO, capture_output=True,
+                     text=True, env=ENV)
+  assert r.returncode == 0, r.stderr
+  assert "modelV2.position" in r.stdout and "largest changes at frame" in r.stdout and f"modeld-overlay {tmp_path / 'ref' / 'a'} --start" in r.stdout
+  r = subprocess.run([sys.executable, "-m", "batch", "diff", tmp_path / "tiny", tmp_path / "tiny"], cwd=REPO, capture_output=True, text=True, env=ENV)
+  assert r.returncode == 0 and "largest changes" not in r.stdout
