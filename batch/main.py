@@ -69,11 +69,12 @@ def run(args) -> int:
   except (OSError, ValueError, KeyError) as e: raise ValueError(f"{args.artifacts}: no readable road artifact ({e}); build it with modeld-compile") from None
   t0 = time.monotonic()
   # workers run where Ray puts them: they get the artifact's tinygrad device from here, not from their node's default
-  ray.init(address=args.address, num_cpus=None if args.address else args.workers, include_dashboard=False, log_to_driver=False,
-           runtime_env={"env_vars": {"DEV": device}})
-  print(f"ray: {'joined ' + args.address if args.address else f'local, {args.workers} workers'} in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+  local = {} if args.address else {"num_cpus": args.workers or os.cpu_count() or 1, "include_dashboard": False}
+  ray.init(address=args.address, log_to_driver=False, runtime_env={"env_vars": {"DEV": device}}, **local)
+  n_workers = args.workers or int(ray.cluster_resources().get("CPU", 1))
+  print(f"ray: {'joined ' + args.address if args.address else 'local'}, {n_workers} workers in {time.monotonic() - t0:.1f} s", file=sys.stderr)
   workers = [SegmentWorker.options(num_cpus=1, max_restarts=-1, max_task_retries=RETRIES).remote(str(args.artifacts))
-             for _ in range(min(args.workers, len(todo)) or 1)]
+             for _ in range(min(n_workers, len(todo)) or 1)]
   pending, queue, interrupted = {}, list(todo), False
   try:
     with tqdm(total=len(jobs), initial=len(done), unit="segment", desc="modeld-batch", disable=args.quiet) as bar:
@@ -147,13 +148,14 @@ def main(argv: list[str] | None = None) -> int:
   ap.add_argument("routes", nargs="+", metavar="ROUTE", help="route folders or names, or segment folders (what camerad --source reads)")
   ap.add_argument("--artifacts", required=True, type=Path, help="artifact directory built by modeld-compile for the routes' camera layouts")
   ap.add_argument("--out", required=True, type=Path, help="output folder: OUT/<route>/<route>--<n>/rlog.zst and OUT/summary.json")
-  ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, metavar="N", help="workers (actors) (default: one per core)")
+  ap.add_argument("--workers", type=int, metavar="N", help="workers (actors), one core each (default: one per core of this machine, "
+                  "or of the cluster with --address)")
   ap.add_argument("--address", metavar="ADDR", help="join this Ray cluster (e.g. auto, or ray://head:10001) instead of starting a local Ray")
   ap.add_argument("--device", help="tinygrad device of the workers (default: the artifact's)")
   ap.add_argument("--resume", action="store_true", help="skip segments whose output is complete")
   ap.add_argument("--quiet", action="store_true", help="no progress bar")
   args = ap.parse_args(argv)
-  if args.workers < 1: ap.error(f"--workers: expected >= 1, got {args.workers}")
+  if args.workers is not None and args.workers < 1: ap.error(f"--workers: expected >= 1, got {args.workers}")
   try: return run(args)
   except (OSError, ValueError) as e:
     print(f"modeld-batch: {e}", file=sys.stderr)

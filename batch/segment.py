@@ -56,7 +56,7 @@ def replay_segment(src: str, out: str, runners: Runners) -> dict:
   from oproute.video import VideoError
   from oproute.writer import LogFile, init_data
   t0 = time.monotonic()
-  source = LogSource([src])
+  source = LogSource([src], decode_threads=1)   # a worker keeps to its core: the job scales by workers
   if source.unserved: raise VideoError("; ".join(source.unserved))   # a camera recorded but not served: its outputs would be missing
   layouts = {s: NV12Layout.packed(w, h) for s, (w, h) in source.streams.items()}   # camerad's default buffers
   stats = Stats(log, interval=math.inf)

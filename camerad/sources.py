@@ -142,8 +142,8 @@ class LogSource(Source):
   events) is served again: each recorded camera state whose frame the video holds becomes a frame, its state re-sent
   with this run's frame id and timestamps; a state whose frame is missing is skipped and counted. Camera states of a
   camera without video are republished as recorded. A route with no camera frame to serve is refused, unless
-  messages_only."""
-  def __init__(self, paths: list[str], services: list[str] | None = None, messages_only: bool = False):
+  messages_only. decode_threads: per video (0: FFmpeg's choice)."""
+  def __init__(self, paths: list[str], services: list[str] | None = None, messages_only: bool = False, decode_threads: int = 0):
     super().__init__()
     self.paths = paths
     try: self.files = log_files(paths, "a")   # rlogs; a segment without one falls back to its qlog
@@ -153,7 +153,7 @@ class LogSource(Source):
     for cam, c in CAMERAS.items():
       if messages_only: break
       if c.state not in recorded: continue
-      if (v := CameraVideo.of(cam, self.files, index, self.skipped)) is None: self.unserved.append(f"{cam}: no {c.encode_idx} events"); continue
+      if (v := CameraVideo.of(cam, self.files, index, self.skipped, decode_threads)) is None: self.unserved.append(f"{cam}: no {c.encode_idx} events"); continue
       try: self.streams[c.stream] = v.size()
       except VideoError as e: self.unserved.append(f"{cam}: {e}"); continue
       self.videos[c.stream] = v

@@ -45,8 +45,9 @@ def fill_frame(frame: av.VideoFrame, out: np.ndarray, layout: NV12Layout) -> Non
 
 class VideoDecoder:
   """Decoded frames of one video file or V4L2 device. Damaged packets are skipped and counted in `skipped`; so many in
-  a row that nothing decodes is a VideoError."""
-  def __init__(self, path: str | Path, skipped: Counter, fmt: str | None = None, options: dict | None = None):
+  a row that nothing decodes is a VideoError. threads: decoder threads (0: as many as FFmpeg sees fit; 1 for a worker
+  that is meant to keep to one core)."""
+  def __init__(self, path: str | Path, skipped: Counter, fmt: str | None = None, options: dict | None = None, threads: int = 0):
     self.path, self.skipped = str(path), skipped
     try: self.container = av.open(self.path, format=fmt, options=options or {})
     except (av.FFmpegError, OSError) as e: raise VideoError(f"{path}: cannot open as video ({e})") from None
@@ -54,7 +55,7 @@ class VideoDecoder:
       self.container.close()
       raise VideoError(f"{path}: no video stream (streams: {[s.type for s in self.container.streams] or 'none'})")
     self.stream = st = self.container.streams.video[0]
-    st.thread_type = "AUTO"
+    st.thread_type, st.codec_context.thread_count = ("AUTO", 0) if threads != 1 else ("SLICE", 1)
     self.width, self.height = st.codec_context.width, st.codec_context.height
     if self.width <= 0 or self.height <= 0 or self.width % 2 or self.height % 2:
       self.container.close()
@@ -102,17 +103,17 @@ class EncodeIndex:
 class CameraVideo:
   """One camera's frames of a route by frame id, decoded in file order: `frame(frame_id)` for increasing ids, each
   the decoded picture or None (not in the video: counted in `skipped`). segments: {segmentNum: segment folder}."""
-  def __init__(self, camera: str, segments: dict[int, Path], index: dict[int, tuple[int, int]], skipped: Counter):
-    self.camera, self.segments, self.index, self.skipped = camera, segments, index, skipped
+  def __init__(self, camera: str, segments: dict[int, Path], index: dict[int, tuple[int, int]], skipped: Counter, threads: int = 0):
+    self.camera, self.segments, self.index, self.skipped, self.threads = camera, segments, index, skipped, threads
     self._seg, self._n, self._frames, self._dec = None, -1, iter(()), None
 
   @classmethod
-  def of(cls, camera: str, logs: list[Path], index: EncodeIndex, skipped: Counter) -> CameraVideo | None:
+  def of(cls, camera: str, logs: list[Path], index: EncodeIndex, skipped: Counter, threads: int = 0) -> CameraVideo | None:
     """The camera's video in the segments of these log files (None if the index has none of its frames)."""
     if camera not in index.frames: return None
     segs = {segment_number(f.parent): f.parent for f in logs}
     if -1 in segs: segs = {n: segs[-1] for n, _ in index.frames[camera].values()}   # a lone log file: its video beside it
-    return cls(camera, segs, index.frames[camera], skipped)
+    return cls(camera, segs, index.frames[camera], skipped, threads)
 
   def files(self) -> list[Path]:
     return [f for n in sorted({s for s, _ in self.index.values()}) if n in self.segments and (f := self.segments[n] / CAMERAS[self.camera].video).is_file()]
@@ -129,7 +130,7 @@ class CameraVideo:
     self._seg, self._n, self._frames = seg, -1, iter(())
     path = self.segments.get(seg, Path(f"<segment {seg}>")) / CAMERAS[self.camera].video
     try:
-      self._dec = VideoDecoder(path, self.skipped)
+      self._dec = VideoDecoder(path, self.skipped, threads=self.threads)
       self._frames = self._dec.frames()
     except VideoError as e: self.skipped[str(e)] += 1
 

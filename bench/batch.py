@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""Batch benchmark: modeld-batch on a local Ray with 1 worker, then 2, over the same routes, in one run.
+
+Writes routes of the shipped synthetic scene (road, wide road and driver at 1928x1208, HEVC) with the project's
+route writer, builds the reference artifact for their buffers, then runs `modeld-batch` twice. It prints segments/min
+of each run (the job's time after Ray started, from its summary), Ray's own start-up time, the frames/s each worker
+served (frames over the sum of the segments' times on their workers: decoding, both models, the messages, the log)
+next to the bare replays of both models in this process, and last the 2-worker/1-worker ratio (target on a 2-core
+machine: at least 1.7).
+
+usage: bench/batch.py [--routes 3] [--segments 2] [--frames 40]
+"""
+import argparse, json, os, pathlib, re, subprocess, sys, tempfile, time
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO)]
+os.environ.setdefault('DEV', 'CPU')
+from routes import bare_rates, write_route
+
+def run_batch(routes: list[pathlib.Path], art: pathlib.Path, out: pathlib.Path, workers: int) -> tuple[float, float, dict]:
+  """(job seconds after Ray's start-up, Ray's start-up seconds, summary)."""
+  r = subprocess.run([sys.executable, '-m', 'batch', *map(str, routes), '--artifacts', str(art), '--out', str(out), '--workers', str(workers),
+                      '--quiet'], cwd=REPO, capture_output=True, text=True, env={**os.environ, 'RAY_AUTH_MODE': 'disabled'})
+  if r.returncode != 0: sys.exit(f"modeld-batch failed ({r.returncode}):\n{r.stderr[-2000:]}")
+  ray_s = float(re.search(r"ray: local, \d+ workers in ([\d.]+) s", r.stderr).group(1))
+  summary = json.loads((out / 'summary.json').read_text())
+  return summary['wall_s'] - ray_s, ray_s, summary
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  ap.add_argument('--routes', type=int, default=3)
+  ap.add_argument('--segments', type=int, default=2)
+  ap.add_argument('--frames', type=int, default=40, help='frames per segment')
+  args = ap.parse_args()
+  from msgq.visionipc.layout import NV12Layout
+  layout = NV12Layout.packed(1928, 1208)
+  art = REPO / '.cache' / 'bench-replay'
+  subprocess.run([sys.executable, '-m', 'modelrt.compile', '--reference', '--camera', str(layout), '--out', str(art), '--quiet'], check=True, cwd=REPO)
+  with tempfile.TemporaryDirectory() as d:
+    d = pathlib.Path(d)
+    t = time.perf_counter()
+    routes = [d / f"route{i}" for i in range(args.routes)]
+    for r in routes: write_route(r, 'straight', args.frames, args.segments)
+    n = args.routes * args.segments
+    print(f"{args.routes} routes x {args.segments} segments x {args.frames} frames x 3 cameras written: {time.perf_counter() - t:.1f} s")
+    bare = bare_rates(art, layout)
+    rates = {}
+    for w in (1, 2):
+      job_s, ray_s, summary = run_batch(routes, art, d / f"out{w}", w)
+      frames, busy = sum(s['frames'] for s in summary['routes']), sum(s['wall_s'] for s in summary['routes'])
+      rates[w] = n / job_s * 60
+      print(f"{w} worker{'s' if w > 1 else ''}: {rates[w]:.1f} segments/min ({n} segments in {job_s:.1f} s; Ray start-up {ray_s:.1f} s), "
+            f"{frames / busy:.1f} frames/s per worker")
+    print(f"bare replays in this process: modeld {bare['modeld']:.1f} frames/s, dmonitoringd {bare['dmonitoringd']:.1f} frames/s, "
+          f"both in turn {1 / (1 / bare['modeld'] + 1 / bare['dmonitoringd']):.1f} frames/s")
+  print(f"segments/min, 2 workers / 1 worker: {rates[2] / rates[1]:.2f} (target >= 1.7 on 2 cores)")
+
+if __name__ == '__main__':
+  main()
