@@ -18,10 +18,12 @@ def settled(start: tuple[int, int]) -> tuple[int, int]:
   """usage() once neither count is above `start` (a thread of an earlier test may end meanwhile), or as it is after
   SETTLE_S."""
   deadline = time.monotonic() + SETTLE_S
-  while not all(n <= s for n, s in zip(now := usage(), start)) and time.monotonic() < deadline: time.sleep(0.01)
+  while not below(now := usage(), start) and time.monotonic() < deadline: time.sleep(0.01)
   return now
 
-def leaked(start: tuple[int, int]) -> bool: return not all(n <= s for n, s in zip(settled(start), start))
+def below(now: tuple[int, int], start: tuple[int, int]) -> bool: return all(n <= s for n, s in zip(now, start))
+
+def leaked(start: tuple[int, int]) -> bool: return not below(settled(start), start)
 
 def maps(name: str) -> int:
   with open("/proc/self/maps") as f: return f.read().count(f"memfd:{name}")
