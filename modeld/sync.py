@@ -1,4 +1,4 @@
-"""Camera frame sync and dropped-frame accounting, exactly as openpilot's modeld (REFERENCE §3).
+"""Camera frame sync and dropped-frame accounting, as openpilot's modeld does them.
 
 Sync: receive main frames until main.sof >= extra.sof + 25 ms (at least one new main frame), then extra frames
 until main.sof < extra.sof + 25 ms; more than 10 ms apart is out of sync. One camera: extra is main. A main frame under

@@ -112,9 +112,6 @@ class RoadRunner:
     self.prev_desire = np.zeros(DESIRE_LEN, np.float32)
     self.cameras = CameraTensors(art)
 
-  @property
-  def layouts(self) -> list[str]: return self.artifact.layouts
-
   def set_transforms(self, road_M: np.ndarray, wide_M: np.ndarray) -> None:
     """Model pixel -> camera pixel maps for `img` (main camera) and `big_img` (extra camera); read at the next replay."""
     for k, m in (('img', road_M), ('big_img', wide_M)):
@@ -130,8 +127,8 @@ class RoadRunner:
       raise ValueError(f"traffic_convention: expected shape ({TRAFFIC_CONVENTION_LEN},), got {traffic_convention.shape}")
     frames = {'img': self.cameras.get(main_buf, self.main_layout), 'big_img': self.cameras.get(extra_buf, self.extra_layout)}
     warp_in = {k: {'queue': self.queues[k], 'frame': frames[k], 'transform': self.transforms[k][1]} for k in self.warps}
-    for k, w in self.warps.items(): w.check(warp_in[k])
-    imgs = {k: w.replay(**warp_in[k]) for k, w in self.warps.items()}
+    for k, w in self.warps.items(): w.check(warp_in[k])   # both before either replays: a bad input must not advance a queue
+    imgs = {k: w.jit(**warp_in[k]) for k, w in self.warps.items()}
 
     # desire is a pulse on the rising edge (index 0, no desire, never pulses), seen by the frame's edge detection even
     # when the frame only prepares
@@ -175,9 +172,6 @@ class DMRunner:
     self.slices = art.output_slices('dm')
     self.transform, self.calib = _host(3, 3), _host(1, 3)
     self.cameras = CameraTensors(art)
-
-  @property
-  def layouts(self) -> list[str]: return self.artifact.layouts
 
   def run(self, buf, calib: np.ndarray, transform: np.ndarray) -> ModelOutput:
     if np.size(calib) != 3: raise ValueError(f"calib: expected 3 values (rpyCalib), got shape {np.shape(calib)}")
