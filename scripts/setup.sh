@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One-time, idempotent set-up: system packages, then a .venv with the project (editable) and test extras.
+# One-time, idempotent set-up: system packages, then a .venv with the project (editable) and every extra (the test
+# extra pulls in camera, tools and batch), at the versions requirements.lock pins.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,9 +19,9 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 stamp=.venv/.installed
-if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then exit 0; fi
+if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && [ "$stamp" -nt requirements.lock ]; then exit 0; fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[test]'
+.venv/bin/python -m pip install -q -c requirements.lock -e '.[test]'
 touch "$stamp"
 echo "setup: done (.venv)"

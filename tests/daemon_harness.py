@@ -13,6 +13,13 @@ from msgq.visionipc.layout import NV12Layout
 from artifacts import REPO
 
 FRAME_NS = 50_000_000   # 20 Hz
+BASE_INSTALL = {'tinygrad', 'capnp', 'zmq', 'numpy', 'setproctitle'}   # pyproject's dependencies, by the names they import as
+
+def beyond_base_install(modules: list[str]) -> set[str]:
+  """The third-party packages among a process's modules that a plain `pip install .` (no extras) lacks."""
+  ours = {p.rstrip('*') for p in re.findall(r'"(\w+)\*"', (REPO / 'pyproject.toml').read_text())}
+  top = {m.split('.')[0] for m in modules}
+  return {m for m in top - set(sys.stdlib_module_names) - BASE_INSTALL - ours if not m.startswith('_') and m != 'cython_runtime'}
 
 class Notify:
   """A service manager's notify socket: a real AF_UNIX datagram socket the child writes to."""
