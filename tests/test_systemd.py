@@ -180,3 +180,12 @@ def test_env_file_reaches_command_line(staged, tmp_path):
     out = p.communicate(timeout=30)[0]
   assert p.returncode == 0, out
   shutil.rmtree(run_dir)
+
+def test_the_units_run_from_the_base_install_and_the_camera_extra():
+  """What the units start imports nothing beyond `pip install '.[camera]'`: the daemons the base install alone, camerad
+  PyAV and zstandard besides (the tools, Ray and the test suite's packages are not needed on a car or a server)."""
+  from daemon_harness import beyond_base_install
+  for module, extra in (('modeld.main', set()), ('dmonitoringd.main', set()), ('camerad.main', {'av', 'zstandard'}), ('modelrt.compile', set())):
+    r = subprocess.run([sys.executable, '-c', f"import sys, {module}; print(' '.join(sys.modules))"], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert beyond_base_install(r.stdout.split()) == extra, module
