@@ -119,7 +119,7 @@ def report(summary: dict[str, RouteSummary], out: Path, wall: float) -> None:
   (out / "summary.json").write_text(json.dumps({"wall_s": wall, "routes": [asdict(s) for s in summary.values()]}, indent=1))
 
 def diff(args) -> int:
-  from tools.compare import compare, route_outputs, table
+  from modeld_tools.compare import compare, route_outputs, table
   a, b = Path(args.a), Path(args.b)
   routes = sorted({d.name for d in a.iterdir() if d.is_dir()} & {d.name for d in b.iterdir() if d.is_dir()})
   if not routes:

@@ -13,7 +13,7 @@ from camerad.scene import load_scene
 from modelrt.constants import X_IDXS, T_IDXS, FRAME_SKIP
 from modelrt.contracts import ROAD_V0_11_1
 from modelrt.reference import vision_model, policy_model, dm_model
-from modelrt.reference.evaluate import run_road, run_dm
+from modeld_tools.evaluate import run_road, run_dm
 
 NEAR = (X_IDXS >= 10) & (X_IDXS <= 50)
 PLAN = ROAD_V0_11_1.plan

@@ -10,7 +10,7 @@ outputs publish valid=False.
 """
 from __future__ import annotations
 import sys
-from common.daemon import RECV_TIMEOUT_MS, ModelDaemon, main as daemon_main
+from modeld_common.daemon import RECV_TIMEOUT_MS, ModelDaemon, main as daemon_main
 from dmonitoringd.model import DriverModel
 
 class DMonitoringD(ModelDaemon):

@@ -11,7 +11,7 @@ non-finite outputs publish valid=False; the policy learns only from finite, unto
 from __future__ import annotations
 import time
 import numpy as np
-from common.daemon import FrameModel, FrameRun
+from modeld_common.daemon import FrameModel, FrameRun
 
 class DriverModel(FrameModel):
   PUBLISHES = ['driverStateV2', 'driverMonitoringState']

@@ -12,7 +12,7 @@ the build command.
 """
 from __future__ import annotations
 import sys
-from common.daemon import RECV_TIMEOUT_MS, ModelDaemon, main as daemon_main
+from modeld_common.daemon import RECV_TIMEOUT_MS, ModelDaemon, main as daemon_main
 from modeld.model import RoadModel, road_streams
 
 class ModelD(ModelDaemon):

@@ -9,7 +9,7 @@ filled from them as openpilot does. Outputs are valid once a good calibration ar
 """
 from __future__ import annotations
 import numpy as np
-from common.daemon import FrameModel, FrameRun
+from modeld_common.daemon import FrameModel, FrameRun
 
 def road_streams(streams: set[int]) -> tuple[int, ...] | None:
   """The streams the road model takes from those a camera serves, main first: road (wide road when there is no road),

@@ -294,7 +294,7 @@ class Soak:
       row.notes['skip'] = "skipped: no user namespace to mount a tmpfs in"
       return
     row.measure(self.procs(), 0)
-    cmd = [sys.executable, '-m', 'tools.record', '--route', str(mount / 'r'), '--segment-seconds', '2']
+    cmd = [sys.executable, '-m', 'modeld_tools.record', '--route', str(mount / 'r'), '--segment-seconds', '2']
     p = subprocess.Popen(full_disk(cmd, self.args.disk_kib * 1024, str(mount), str(keep)), cwd=REPO, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while p.poll() is None and time.monotonic() < deadline: self.watch.wait(0.2)

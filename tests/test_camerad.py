@@ -303,7 +303,7 @@ def test_log_replay_with_video(scene_file, tmp_path):
     wait_for_server(cam)
     pm, states = messaging.PubMaster(["modelV2", "driverStateV2"]), {s: messaging.sub_sock(s, timeout=200) for s in ("roadCameraState", "driverCameraState")}
     (wide,) = connect([WIDE_ROAD]).values()   # the wide stream is served but not recorded as video
-    rec = spawn("tools.record", "--route", route, "--segment-seconds", "0.2", "--video", "road,driver", "--lossless", *services)
+    rec = spawn("modeld_tools.record", "--route", route, "--segment-seconds", "0.2", "--video", "road,driver", "--lossless", *services)
     while cam.poll() is None:
       for svc, answer in (("roadCameraState", "modelV2"), ("driverCameraState", "driverStateV2")):
         if (ev := messaging.recv_one(states[svc])) is not None:

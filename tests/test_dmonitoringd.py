@@ -10,7 +10,7 @@ from artifacts import CACHE, LAYOUT, ALT_LAYOUT, UNSERVED_LAYOUT, build
 from daemon_harness import Camera, Collector, Daemon, beyond_base_install, start_daemon
 from onnx_models import KNOWN
 from dmonitoringd.policy import DriverMonitoring, DistractedType, Settings, DT_DMON
-from common.daemon import EX_CONFIG
+from modeld_common.daemon import EX_CONFIG
 
 OUTPUTS = ['driverStateV2', 'driverMonitoringState']
 

@@ -16,7 +16,7 @@ from modelrt.constants import DM_HEIGHT, DM_WIDTH, X_IDXS
 from msgq import runtime_dir
 from msgq.visionipc import ROAD, WIDE_ROAD
 from msgq.visionipc.layout import NV12Layout
-from tools.demo import artifact_layouts
+from modeld_tools.demo import artifact_layouts
 
 E2E = REPO / '.cache' / 'e2e'
 NEAR = (X_IDXS >= 10) & (X_IDXS <= 50)
@@ -228,7 +228,7 @@ def test_driver_padded_layout_same_numbers(driver):
 
 def test_demo(artifacts, tmp_path, monkeypatch):
   shm, out = set(os.listdir('/dev/shm')), tmp_path / 'demo'
-  p = subprocess.run([sys.executable, '-m', 'tools.demo', '--seconds', '8', '--artifacts', str(artifacts), '--out', str(out)],
+  p = subprocess.run([sys.executable, '-m', 'modeld_tools.demo', '--seconds', '8', '--artifacts', str(artifacts), '--out', str(out)],
                      capture_output=True, text=True, cwd=REPO, timeout=240)
   print(p.stdout[-3000:], p.stderr[-3000:])
   assert p.returncode == 0

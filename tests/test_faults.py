@@ -10,7 +10,7 @@ from msgq.visionipc import ROAD, WIDE_ROAD, DRIVER
 from artifacts import CACHE, LAYOUT, REPO, build
 from daemon_harness import Camera, Collector, Daemon, start_daemon
 from faults import MESSAGE_FAULTS, MessageFaults, can_mount_tmpfs, full_disk
-from common.daemon import EX_CONFIG, MAX_BAD_OUTPUTS
+from modeld_common.daemon import EX_CONFIG, MAX_BAD_OUTPUTS
 from modelrt.contracts import lookup
 from modeld.model import RoadModel
 from dmonitoringd.model import DriverModel
@@ -113,7 +113,7 @@ def test_recorder_on_a_full_disk_stops_with_a_clear_error_and_readable_segments(
   mount.mkdir(); keep.mkdir()
   if not can_mount_tmpfs(str(tmp_path / 'probe')): pytest.skip("no user namespace to mount a size-limited tmpfs in")
   pm = messaging.PubMaster(['carState'])
-  cmd = [sys.executable, '-m', 'tools.record', 'carState', '--route', str(mount / 'r'), '--segment-seconds', '0.3', '--flush-seconds', '0.1']
+  cmd = [sys.executable, '-m', 'modeld_tools.record', 'carState', '--route', str(mount / 'r'), '--segment-seconds', '0.3', '--flush-seconds', '0.1']
   p = subprocess.Popen(full_disk(cmd, 96 * 1024, str(mount), str(keep)), cwd=REPO, stderr=subprocess.PIPE, text=True)
   sent, rng = [], np.random.default_rng(0)
   try:

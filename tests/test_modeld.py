@@ -14,7 +14,7 @@ from modelrt.contracts import ROAD_V0_11_1
 from modeld.sync import FrameSync, FrameDrops
 from modeld.desire import DesireHelper, Desire
 from modeld.fill_msgs import Action, FrameInfo, PublishState, action_times, fill_model_msgs, get_action
-from common.daemon import EX_CONFIG
+from modeld_common.daemon import EX_CONFIG
 from modelrt.runner import _output
 from modeld.parse import parse_outputs
 from modelrt.calibration import Calibration, CalibrationError, check_rpy, sensor_name, camera_for

@@ -74,7 +74,7 @@ def test_modeld_replay_compares_with_logged_outputs(tiny_artifacts, scene, tmp_p
   from oproute import LogReader
   import openpilot_ref as op
   write_route(tmp_path / "plain", scene)
-  r = run("tools.replay", tmp_path / "plain", "--artifacts", tiny_artifacts, "--out", tmp_path / "first")
+  r = run("modeld_tools.replay", tmp_path / "plain", "--artifacts", tiny_artifacts, "--out", tmp_path / "first")
   assert r.returncode == 0 and "the route logged no modelV2: 20 new ones" in r.stdout, r.stdout + r.stderr
   logged = {}
   for dat, ev in LogReader(tmp_path / "first").raw():
@@ -90,12 +90,12 @@ def test_modeld_replay_compares_with_logged_outputs(tiny_artifacts, scene, tmp_p
       return evs
     return extra
   write_route(tmp_path / "logged", scene, extra=outputs(None))
-  r = run("tools.replay", tmp_path / "logged", "--artifacts", tiny_artifacts, "--out", tmp_path / "second", "--tolerance", "0")
+  r = run("modeld_tools.replay", tmp_path / "logged", "--artifacts", tiny_artifacts, "--out", tmp_path / "second", "--tolerance", "0")
   assert r.returncode == 0, r.stdout + r.stderr
   rows = {l.split()[0]: l.split()[1:] for l in r.stdout.splitlines() if l.startswith(("modelV2.", "driverStateV2."))}
   assert rows["modelV2.position"][:5] == ["20", "0", "0", "0", "0"] and rows["driverStateV2.faceOrientation"][:5] == ["20", "0", "0", "0", "0"]
   write_route(tmp_path / "moved", scene, extra=outputs(107))
-  r = run("tools.replay", tmp_path / "moved", "--artifacts", tiny_artifacts, "--out", tmp_path / "third", "--tolerance", "0.1", "--frames", "12")
+  r = run("modeld_tools.replay", tmp_path / "moved", "--artifacts", tiny_artifacts, "--out", tmp_path / "third", "--tolerance", "0.1", "--frames", "12")
   assert r.returncode == 1 and "past the tolerance 0.1: modelV2.position" in r.stderr, r.stdout + r.stderr
   row = next(l for l in r.stdout.splitlines() if l.startswith("modelV2.position")).split()
   assert row[1:4] == ["12", "0", "0"] and float(row[4]) == 0.5 and row[6] == "107", row

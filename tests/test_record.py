@@ -17,7 +17,7 @@ def start_recorder(tmp_path: Path, *args: str) -> subprocess.Popen:
   ready = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
   ready.bind(str(tmp_path / "notify"))
   ready.settimeout(20)
-  p = subprocess.Popen([sys.executable, "-m", "tools.record", *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE,
+  p = subprocess.Popen([sys.executable, "-m", "modeld_tools.record", *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, text=True, env={**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify")})
   try:
     while b"READY=1" not in ready.recv(4096): pass
@@ -208,7 +208,7 @@ def test_logreader_paths(tmp_path):
 
 def test_record_cli_errors(tmp_path):
   def run(*args):
-    return subprocess.run([sys.executable, "-m", "tools.record", *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    return subprocess.run([sys.executable, "-m", "modeld_tools.record", *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=30)
   r = run("notAService")
   assert r.returncode == 2 and "unknown services ['notAService']" in r.stderr
   r = run("--video", "rear")

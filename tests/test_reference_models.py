@@ -8,7 +8,7 @@ from camerad.scene import load_scene, parse_scene
 from modelrt.constants import X_IDXS, T_IDXS
 from modelrt.contracts import ROAD_V0_11_1
 from modelrt.reference import vision_model, policy_model, dm_model
-from modelrt.reference.evaluate import run_road, run_dm, road_inputs, dm_inputs
+from modeld_tools.evaluate import run_road, run_dm, road_inputs, dm_inputs
 from modelrt.reference.road import PLAN_TAU
 
 NEAR = (X_IDXS >= 10) & (X_IDXS <= 50)

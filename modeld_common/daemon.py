@@ -17,7 +17,7 @@ import argparse, logging, os, time
 from dataclasses import dataclass
 from typing import Any, Callable, NoReturn
 import numpy as np
-from common.service import Stats, StopFlag, Watchdog, exit_now, notify, set_process_title, setup_logging
+from modeld_common.service import Stats, StopFlag, Watchdog, exit_now, notify, set_process_title, setup_logging
 
 EX_CONFIG = 78   # sysexits: the configuration (artifact vs camera) is wrong; restarting will not help
 RECV_TIMEOUT_MS = 100   # the loop checks the stop flag and kicks the watchdog at least this often
@@ -199,7 +199,7 @@ class ModelDaemon:
 
   def run(self) -> int:
     from modelrt.artifact import load_artifact
-    from common.camera import StreamWatch, wait_for_streams, connect
+    from modeld_common.camera import StreamWatch, wait_for_streams, connect
     server = self.args.camera_server
     try:
       # manifest, hashes and model JITs before any camera: a bad artifact exits 78 at once (the warps wait for the layouts)

@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
   os.environ['OPENPILOT_PREFIX'] = prefix   # before any socket: this process and its children use the private prefix
   env = {**os.environ, 'DEV': os.environ.get('DEV', 'CPU')}
   from cereal import messaging
-  from common.service import StopFlag
+  from modeld_common.service import StopFlag
   stop = StopFlag()
   mon, children, socks = Monitor(scene), [], {}
   tty, t0, exit_code = sys.stdout.isatty(), time.monotonic(), 0
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     children = [Child('camerad', 'camerad', ['--source', f'synthetic:{scene_spec}', '--loop', *(['--fps', str(args.fps)] if args.fps else [])], env, logdir),
                 Child('modeld', 'modeld', ['--artifacts', args.artifacts], env, logdir),
                 Child('dmonitoringd', 'dmonitoringd', ['--artifacts', args.artifacts], env, logdir),
-                Child('record', 'tools.record', ['--route', str(route)], env, logdir)]
+                Child('record', 'modeld_tools.record', ['--route', str(route)], env, logdir)]
     print(f"modeld-demo: started {', '.join(f'{c.name} (pid {c.proc.pid})' for c in children)} with OPENPILOT_PREFIX={prefix}; "
           f"logs in {logdir}", flush=True)
     if tty: sys.stdout.write('\x1b[?25l')   # hide the cursor while redrawing
@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
   if not args.no_overlay and mon.counts['modelV2'] and (route / f'{route.name}--0').is_dir():
     out = args.out / 'overlay.mp4'
     # the frames of one pass of the scene at most: the overlay re-renders each frame from the scene
-    cmd = [sys.executable, '-m', 'tools.overlay', str(route), '--scene', scene_spec, '--out', str(out), '--width', '960',
+    cmd = [sys.executable, '-m', 'modeld_tools.overlay', str(route), '--scene', scene_spec, '--out', str(out), '--width', '960',
            '--frames', str(min(scene.n_frames, OVERLAY_FRAMES))]
     if subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL).returncode == 0: print(f"modeld-demo: overlay video: {out}")
     else: exit_code = exit_code or 1

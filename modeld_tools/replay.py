@@ -15,7 +15,7 @@ from cereal.services import CAMERAS
 from msgq import runtime_dir
 from oproute import LogReader, log_files
 from oproute.video import EncodeIndex
-from tools.compare import FIELDS, compare, route_outputs, table
+from modeld_tools.compare import FIELDS, compare, route_outputs, table
 
 STOP_TIMEOUT_S = 20.
 MAIN_STATE = ("roadCameraState", "wideRoadCameraState")   # modelV2's frame is the road camera's (the wide one's without it)
@@ -62,7 +62,7 @@ def run_stack(route: list[str], out: Path, artifacts: Path, cameras: list[str], 
   daemons = (["modeld"] if {"road", "wide"} & set(cameras) else []) + (["dmonitoringd"] if "driver" in cameras else [])
   try:
     for d in daemons: stack.start(d, d, "--artifacts", artifacts)
-    stack.start("record", "tools.record", "--route", out)
+    stack.start("record", "modeld_tools.record", "--route", out)
     if not wait_ready(stack, "record", "recording", timeout): return f"modeld-record did not start:\n{stack.tail('record')}"
     cam = stack.start("camerad", "camerad", "--source", *route, "--lockstep", "--lockstep-timeout", timeout, *(["--frames", frames] if frames else []))
     while cam.poll() is None:

@@ -1,0 +1,68 @@
+"""The layers point one way: every import of every module of the project, read from its source, goes to its own layer
+or one below (docs/ARCHITECTURE.md draws them), and no daemon imports the other."""
+import ast
+from pathlib import Path
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# bottom up; a module belongs to the layer of its longest listed prefix
+LAYERS = [
+  ("messaging", ["msgq", "cereal", "modeld_common.service"]),
+  ("routes", ["oproute"]),
+  ("model runtime", ["modelrt"]),
+  ("camera sources", ["camerad"]),
+  ("daemons", ["modeld_common.camera", "modeld_common.daemon", "modeld", "dmonitoringd"]),
+  ("tools", ["modeld_tools", "batch"]),
+]
+APART = [("modeld", "dmonitoringd")]   # same layer, but neither imports the other
+
+def layer(module: str) -> int | None:
+  best = max(((len(p), i) for i, (_, ps) in enumerate(LAYERS) for p in ps if module == p or module.startswith(p + ".")), default=None)
+  return None if best is None else best[1]
+
+def package(module: str) -> str:
+  return next((p for _, ps in LAYERS for p in sorted(ps, key=len, reverse=True) if module == p or module.startswith(p + ".")), module)
+
+def modules() -> dict[str, Path]:
+  out = {}
+  for _, ps in LAYERS:
+    for p in ps:
+      top = REPO / p.split(".")[0]
+      for f in top.rglob("*.py"):
+        name = ".".join(f.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        out[name] = f
+  return out
+
+def imports(path: Path, name: str) -> list[tuple[int, str]]:
+  """(line, module) of every import in the file, relative ones resolved, anywhere in it (function bodies too)."""
+  out = []
+  for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    if isinstance(node, ast.Import): out += [(node.lineno, a.name) for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level: base = ".".join(name.split(".")[:-node.level] + ([base] if base else []))
+      out += [(node.lineno, f"{base}.{a.name}" if layer(f"{base}.{a.name}") is not None and layer(base) is None else base) for a in node.names]
+  return out
+
+MODULES = modules()
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_imports_point_down(name):
+  mine = layer(name)
+  for line, imp in imports(MODULES[name], name):
+    if (theirs := layer(imp)) is None: continue   # the standard library and third parties
+    where = f"{MODULES[name].relative_to(REPO)}:{line} ({LAYERS[mine][0]}) imports {imp} ({LAYERS[theirs][0]})"
+    assert theirs <= mine, where
+    assert (package(name), package(imp)) not in APART + [(b, a) for a, b in APART], where
+
+def test_every_package_has_a_layer():
+  """A new top-level package must be placed in LAYERS (and in docs/ARCHITECTURE.md)."""
+  import tomllib
+  found = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+  assert sorted(p.rstrip("*") for p in found) == sorted({p.split(".")[0] for _, ps in LAYERS for p in ps})
+
+def test_a_back_edge_is_caught(tmp_path):
+  """The check itself: a runtime module importing a daemon would be reported."""
+  f = tmp_path / "x.py"
+  f.write_text("import numpy\nfrom modeld.model import RoadModel\n")
+  assert [(l, m) for l, m in imports(f, "modelrt.x") if layer(m) is not None and layer(m) > layer("modelrt.x")] == [(2, "modeld.model")]
