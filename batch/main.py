@@ -108,7 +108,8 @@ def run(args) -> int:
 
 def report(summary: dict[str, RouteSummary], out: Path, wall: float) -> None:
   """The table on the terminal, and OUT/summary.json."""
-  rows = [f"{'route':40s} {'segments':>8s} {'done':>5s} {'resumed':>7s} {'failed':>6s} {'frames':>7s} {'invalid':>7s} {'lost':>5s} {'model s':>8s} {'wall s':>7s}"]
+  rows = [f"{'route':40s} {'segments':>8s} {'done':>5s} {'resumed':>7s} {'failed':>6s} {'frames':>7s} {'invalid':>7s} {'lost':>5s} "
+          f"{'model s':>8s} {'wall s':>7s}"]
   for s in summary.values():
     rows.append(f"{s.route[:40]:40s} {s.segments:8d} {s.done:5d} {s.resumed:7d} {len(s.errors):6d} {s.frames:7d} {s.invalid:7d} {s.lost:5d} "
                 f"{s.model_s:8.1f} {s.wall_s:7.1f}")

@@ -63,7 +63,8 @@ def road_errors(rs: list[dict]) -> dict[str, tuple[np.ndarray, float, str]]:
     e['ego speed'].append(abs(r['plan'][0, PLAN['velocity']][0] - tr['v_ego']) / tr['v_ego'])
     if tr['road']['curvature']:
       v = r['plan'][0, PLAN['velocity']][0]
-      e['path curvature'].append(abs(np.interp(5.0, T_IDXS, r['plan'][:, PLAN['orientationRate']][:, 2]) / v - tr['road']['curvature']) / tr['road']['curvature'])
+      yaw_rate = np.interp(5.0, T_IDXS, r['plan'][:, PLAN['orientationRate']][:, 2])
+      e['path curvature'].append(abs(yaw_rate / v - tr['road']['curvature']) / tr['road']['curvature'])
   targets = {'ego lane lines 10-50 m': (0.15, 'm'), 'adjacent lane lines 10-50 m': (0.15, 'm'), 'road edges 10-50 m': (0.25, 'm'),
              'lead distance': (0.10, 'rel'), 'lead lateral': (0.3, 'm'), 'lead prob without lead': (0.1, ''), 'lead speed (error/std)': (3.0, 'sigma'),
              'ego speed': (0.10, 'rel'), 'path curvature': (0.10, 'rel'), 'desire state wrong': (0.05, 'frames')}

@@ -15,26 +15,26 @@ def write_route(path, scene_name: str, frames: int, segments: int = 1) -> None:
   from oproute.writer import RouteWriter
   scene, route, t0 = load_scene(scene_name), RouteWriter(path), time.monotonic_ns()
   renderers = {c: SceneRenderer(scene, c, NV12Layout.packed(scene.cameras[c].width, scene.cameras[c].height)) for c in ('road', 'wide', 'driver')}
-  def event(svc: str, t: int, **fields) -> None:
+  def event(seg: int, svc: str, t: int, **fields) -> None:
     msg = messaging.new_message(svc, logMonoTime=t)
     for k, v in fields.items(): setattr(getattr(msg, svc), k, v)
     route.write(seg, svc, msg.to_bytes())
   for seg in range(segments):
     route.open_segment(seg)
     writers = {c: HevcWriter(route.segment_dir(seg) / CAMERAS[c].video, r.layout.width, r.layout.height) for c, r in renderers.items()}
-    def index(c: str, encoded) -> None:
+    def index(seg: int, c: str, encoded) -> None:
       for e in encoded:
-        event(CAMERAS[c].encode_idx, e.timestamp_eof + 1, frameId=e.frame_id, type='fullHEVC', encodeId=e.frame_id, segmentNum=seg,
+        event(seg, CAMERAS[c].encode_idx, e.timestamp_eof + 1, frameId=e.frame_id, type='fullHEVC', encodeId=e.frame_id, segmentNum=seg,
               segmentId=e.index, segmentIdEncode=e.index, timestampSof=e.timestamp_sof, timestampEof=e.timestamp_eof, len=e.size,
               flags=KEYFRAME_FLAG if e.keyframe else 0)
     for i in range(seg * frames, (seg + 1) * frames):
       t = t0 + i * 50_000_000
-      event('carState', t, vEgo=scene.truth(i % scene.n_frames)['v_ego'])
-      if i % 5 == 0: event('liveCalibration', t, rpyCalib=list(scene.calib), calStatus='calibrated')
+      event(seg, 'carState', t, vEgo=scene.truth(i % scene.n_frames)['v_ego'])
+      if i % 5 == 0: event(seg, 'liveCalibration', t, rpyCalib=list(scene.calib), calStatus='calibrated')
       for c, r in renderers.items():
-        event(CAMERAS[c].state, t + 1, frameId=i, timestampSof=t, timestampEof=t + 1, sensor=scene.sensor)
-        index(c, writers[c].write(picture(r.render(i % scene.n_frames), r.layout), i, t, t + 1))
-    for c, w in writers.items(): index(c, w.close())
+        event(seg, CAMERAS[c].state, t + 1, frameId=i, timestampSof=t, timestampEof=t + 1, sensor=scene.sensor)
+        index(seg, c, writers[c].write(picture(r.render(i % scene.n_frames), r.layout), i, t, t + 1))
+    for c, w in writers.items(): index(seg, c, w.close())
     route.close_segment(seg)
 
 def bare_rates(art, layout, n: int = 40) -> dict[str, float]:

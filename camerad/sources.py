@@ -11,10 +11,10 @@ import itertools, os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 import numpy as np
 from cereal import messaging
-from cereal.services import CAMERA_OF_STREAM, CAMERAS, SERVICES
+from cereal.services import CAMERAS, SERVICES
 from msgq.visionipc import NV12Layout
 from camerad.render import SceneRenderer
 from camerad.scene import SceneError, load_scene

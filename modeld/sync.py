@@ -10,7 +10,8 @@ first frame of a camera session follows no frame, so nothing was dropped before 
 which would make a replay that starts mid-route skip its first frame and a lockstep camera wait for it forever).
 """
 from __future__ import annotations
-from typing import Callable, Protocol
+from typing import Protocol
+from collections.abc import Callable
 
 SYNC_AHEAD_NS = 25_000_000
 OUT_OF_SYNC_NS = 10_000_000

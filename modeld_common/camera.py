@@ -1,7 +1,7 @@
 """Camera-client start-up both daemons share: wait for the camera server's streams, connect, while staying stoppable."""
 from __future__ import annotations
 import logging, time
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 POLL_S = 0.1   # openpilot polls available streams every 0.1 s

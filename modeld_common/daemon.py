@@ -15,7 +15,8 @@ stats. A daemon feeds it live frames; modeld-batch recorded ones.
 from __future__ import annotations
 import argparse, logging, os, time
 from dataclasses import dataclass
-from typing import Any, Callable, NoReturn
+from typing import Any, NoReturn
+from collections.abc import Callable
 import numpy as np
 from modeld_common.service import Stats, StopFlag, Watchdog, exit_now, notify, set_process_title, setup_logging
 

@@ -6,7 +6,7 @@ absolute difference of their values (a different number of values counts as an i
 """
 from __future__ import annotations
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
 import numpy as np
 from oproute import LogReader, log_files
 

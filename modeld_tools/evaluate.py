@@ -3,7 +3,7 @@
 Shared by tests/test_reference_models.py and bench/accuracy.py. `calib` overrides the calibration the warp uses
 (the scene's own by default), so a caller can show what a wrong calibration does.
 """
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 import numpy as np
 from tinygrad import Tensor
 from camerad.render import SceneRenderer

@@ -13,8 +13,7 @@ given with --scene (frame id = scene frame, as camerad serves it); otherwise a b
 from __future__ import annotations
 import argparse, os, sys, time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 from cereal.services import CAMERAS
@@ -134,7 +133,8 @@ def draw_road(p: Painter, m: FrameMsgs, cam: CameraConfig) -> None:
       x, y, prob = float(lead.x[0]), float(lead.y[0]) if len(lead.y) else 0., float(lead.prob)
       p.panel.append((f"lead {x:.1f} m  v {lead.v[0] if len(lead.v) else 0:.1f} m/s  prob {prob:.2f}", prob_colour(prob)))
       if prob >= LEAD_MIN_PROB and x > 1.0:
-        c = np.array([[x, y - CAR_HALF_WIDTH, h], [x, y + CAR_HALF_WIDTH, h], [x, y + CAR_HALF_WIDTH, h - LEAD_HEIGHT], [x, y - CAR_HALF_WIDTH, h - LEAD_HEIGHT]])
+        w = CAR_HALF_WIDTH
+        c = np.array([[x, y - w, h], [x, y + w, h], [x, y + w, h - LEAD_HEIGHT], [x, y - w, h - LEAD_HEIGHT]])
         uv, ok = project(c, rpy, cam)
         if ok.all():
           (x0, y0), (x1, y1) = uv.min(0), uv.max(0)
@@ -157,7 +157,7 @@ def draw_driver(p: Painter, m: FrameMsgs, cam: CameraConfig) -> None:
     p.draw.rectangle((x0, y0, x1, y1), outline=(*(GREEN if d.faceProb > 0.5 else GREY), 255), width=p.px(4))
     # eyes: on the box's upper third, a filled dot when open, a bar when closed (blinking)
     r = (x1 - x0) * 0.06
-    for name, ex, eye, blink in (('L', x0 + (x1 - x0) * 0.32, d.leftEyeProb, d.leftBlinkProb), ('R', x0 + (x1 - x0) * 0.68, d.rightEyeProb, d.rightBlinkProb)):
+    for ex, eye, blink in ((x0 + (x1 - x0) * 0.32, d.leftEyeProb, d.leftBlinkProb), (x0 + (x1 - x0) * 0.68, d.rightEyeProb, d.rightBlinkProb)):
       ey, is_open = y0 + (y1 - y0) * 0.38, eye * (1 - blink) > 0.5
       if is_open: p.draw.ellipse((ex - r, ey - r, ex + r, ey + r), fill=(*GREEN, 230))
       else: p.draw.line((ex - 1.5 * r, ey, ex + 1.5 * r, ey), fill=(*RED, 255), width=p.px(4))

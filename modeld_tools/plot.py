@@ -128,8 +128,8 @@ def plots(r: RouteData, out: Path, name: str, fmt: str = 'png') -> list[Path]:
               Panel('eyes: open and blink probability', [Series('left eye', t, A(dm['leye'])), Series('right eye', t, A(dm['reye'])),
                                                          Series('left blink', t, A(dm['lblink'])), Series('right blink', t, A(dm['rblink']))], ylim=(0, 1))]
     if dms['t']:
-      panels.append(Panel('driverMonitoringState awareness (dots: distracted)', [Series('awareness', A(dms['t']), A(dms['awareness'])),
-                                                                                  Series('distracted', A(dms['t']), A(dms['distracted']), points=True)], ylim=(0, 1.05)))
+      series = [Series('awareness', A(dms['t']), A(dms['awareness'])), Series('distracted', A(dms['t']), A(dms['distracted']), points=True)]
+      panels.append(Panel('driverMonitoringState awareness (dots: distracted)', series, ylim=(0, 1.05)))
     fig('driver', 'driver monitoring (the driver\'s side)', panels)
   return written
 

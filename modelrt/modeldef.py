@@ -2,7 +2,7 @@
 from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 from tinygrad import Tensor
 from modelrt.contracts import Model
 

@@ -102,7 +102,8 @@ class RoadRunner:
     self.queues = {k: Tensor.zeros(*IMG_QUEUE_SHAPE, dtype=dtypes.uint8, device=device).contiguous().realize() for k in self.warps}
     self.transforms = {k: _host(3, 3) for k in self.warps}
     policy = art.contract.policy.inputs
-    self.features_buffer, self.desire_pulse, self.traffic_convention = (_host(*policy[k].shape) for k in ('features_buffer', 'desire_pulse', 'traffic_convention'))
+    self.features_buffer, self.desire_pulse, self.traffic_convention = (_host(*policy[k].shape) for k in
+                                                                        ('features_buffer', 'desire_pulse', 'traffic_convention'))
     self.history, feature_len = policy['features_buffer'].shape[1:]
     if (h := self.vision_slices.get('hidden_state', slice(0, 0))).stop - h.start != feature_len:   # fed back to the policy here, every frame
       raise ArtifactError(f"{art.dir}: vision output 'hidden_state': expected {feature_len} values (the policy's features), got "

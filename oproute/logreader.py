@@ -11,7 +11,7 @@ from __future__ import annotations
 import bz2, logging, re, struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 import zstandard as zstd
 from cereal.messaging import MalformedMessageError, UnknownMemberError, log_from_bytes
 

@@ -10,7 +10,7 @@ from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 import av
 import numpy as np
 from cereal.services import CAMERAS

@@ -142,7 +142,7 @@ class Soak:
     self.camerad.start()
     self.notify = {n: Notify() for n in ('modeld', 'dmonitoringd')}
     self.daemons = {n: Daemon(n, self.artifacts, '--log-level', 'INFO', notify=self.notify[n]) for n in self.notify}
-    for n, nt in self.notify.items(): nt.wait('READY=1', 120)
+    for nt in self.notify.values(): nt.wait('READY=1', 120)
     self.back(time.monotonic())
 
   def row(self, fault: str) -> Row: return self.rows.setdefault(fault, Row(fault))
@@ -178,7 +178,8 @@ class Soak:
     row.measure(self.procs(), 0)   # with camerad, as after: the same publishers connected
     self.camerad.kill(signal.SIGTERM)
     cam = Camera({ROAD: LAYOUT, WIDE_ROAD: LAYOUT, DRIVER: LAYOUT})
-    inputs = sorted((set(ModelD.SUBSCRIBES) | set(DMonitoringD.SUBSCRIBES)) - set(CAMERA_STATE_SERVICES.values()) - set(ModelD.PUBLISHES + DMonitoringD.PUBLISHES))
+    inputs = sorted((set(ModelD.SUBSCRIBES) | set(DMonitoringD.SUBSCRIBES)) - set(CAMERA_STATE_SERVICES.values())
+                    - set(ModelD.PUBLISHES + DMonitoringD.PUBLISHES))
     pm = messaging.PubMaster(inputs)
     faults, frame = MessageFaults({**pm.sock, **cam.pm.sock}, hz=100, seed=self.rng.randrange(1 << 30)), [0]
     def send() -> None:

@@ -109,7 +109,7 @@ def start_daemon(name: str, artifacts, *args, abstract: bool = False, **kw) -> t
   try: notify.wait('READY=1', 90)
   except TimeoutError:
     d.stop()
-    raise AssertionError(f"{name} not ready; stderr:\n{d.stderr()}")
+    raise AssertionError(f"{name} not ready; stderr:\n{d.stderr()}") from None
   return d, notify
 
 class Camera:

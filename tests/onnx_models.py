@@ -129,7 +129,8 @@ def vision_onnx(path, widths: dict[str, int] | None = None, output_slices=..., d
   if dense:   # a 16x16 stride-16 conv of each image to 4 channels: 2 x 4 x 8 x 16 features
     weights |= {f'{k}_cw': np.random.default_rng(i).standard_normal((4, 12, 16, 16)).astype(np.float32) / (255 * 48) for i, k in enumerate(('img', 'big_img'))}
     for k in ('img', 'big_img'):
-      nodes += [helper.make_node('Cast', [k], [f'{k}_cf'], to=TensorProto.FLOAT), helper.make_node('Conv', [f'{k}_cf', f'{k}_cw'], [f'{k}_c'], kernel_shape=[16, 16], strides=[16, 16]),
+      nodes += [helper.make_node('Cast', [k], [f'{k}_cf'], to=TensorProto.FLOAT),
+                helper.make_node('Conv', [f'{k}_cf', f'{k}_cw'], [f'{k}_c'], kernel_shape=[16, 16], strides=[16, 16]),
                 helper.make_node('Flatten', [f'{k}_c'], [f'{k}_flat'])]
     _dense(nodes, weights, ['img_flat', 'big_img_flat'], 1024, bias.size, 2)
   else: _lin_is_taps(nodes)

@@ -3,6 +3,7 @@ real route is reachable offline, so tests build one. Per segment: rlog.zst (init
 liveCalibration every 5th frame, and each camera's FrameData + EncodeIndex) and qlog.zst, and the cameras' HEVC
 files made with PyAV from a synthetic scene's frames."""
 from __future__ import annotations
+import subprocess, sys, time
 from fractions import Fraction
 from pathlib import Path
 import av
@@ -12,6 +13,7 @@ from camerad.render import SceneRenderer
 from camerad.scene import load_scene
 from msgq.visionipc.layout import NV12Layout
 import openpilot_ref as op
+from artifacts import REPO
 
 FRAME_NS = 50_000_000
 CAMS = {"road": ("roadCameraState", "roadEncodeIdx", "fcamera.hevc"), "driver": ("driverCameraState", "driverEncodeIdx", "dcamera.hevc"),
@@ -74,3 +76,17 @@ def write_route(path: Path, scene_file: Path, cameras: tuple[str, ...] = ("road"
     qlog = [b for w, b in dats if w in ("initData", "liveCalibration") or w.endswith("EncodeIdx")]
     (d / "qlog.zst").write_bytes(zstd.ZstdCompressor(level=10).compress(b"".join(qlog)))
   return ids
+
+def lockstep(route: Path, col, *args) -> str:
+  """camerad --lockstep on the route until it ends, the collector (daemon_harness.Collector) reading the outputs as they
+  come (a subscriber's queue is bounded); camerad's stderr."""
+  cam = subprocess.Popen([sys.executable, "-m", "camerad", "--source", route, "--lockstep", "--lockstep-timeout", "60", *args],
+                         cwd=REPO, stderr=subprocess.PIPE, text=True)
+  while cam.poll() is None:
+    col.poll()
+    time.sleep(0.01)
+  err = cam.communicate()[1]
+  assert cam.returncode == 0, err
+  time.sleep(0.2)
+  col.poll()
+  return err

@@ -5,8 +5,7 @@ from pathlib import Path
 import pytest
 from artifacts import REPO, build
 from daemon_harness import Collector, Daemon
-from openpilot_route import write_route
-from test_openpilot_route import lockstep, scene, tiny_artifacts   # noqa: F401 (fixtures)
+from openpilot_route import lockstep, write_route
 from modeld_tools.compare import compare, route_outputs
 
 ENV = {**os.environ, "DEV": "CPU", "RAY_AUTH_MODE": "disabled"}
@@ -44,7 +43,8 @@ def test_batch_equals_the_daemons_in_lockstep(routes, tiny_artifacts, tmp_path):
     for route in routes:
       for seg in sorted(route.iterdir()):
         col = Collector(["modelV2", "drivingModelData", "cameraOdometry", "driverStateV2", "driverMonitoringState", "roadCameraState"])
-        rec = subprocess.Popen([sys.executable, "-m", "modeld_tools.record", "--route", tmp_path / "live" / seg.name], cwd=REPO, stderr=subprocess.PIPE, text=True)
+        rec = subprocess.Popen([sys.executable, "-m", "modeld_tools.record", "--route", tmp_path / "live" / seg.name], cwd=REPO,
+                               stderr=subprocess.PIPE, text=True)
         while "recording" not in rec.stderr.readline(): pass
         lockstep(seg, col)
         time.sleep(0.3)

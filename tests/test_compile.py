@@ -28,7 +28,8 @@ def test_onnx_import_reads_the_models_own_metadata(tmp_path, make, kind, width):
 
 @pytest.mark.parametrize('kw, msg', [
   ({'output_slices': None}, r"no output_slices in metadata_props"),
-  ({'output_slices': {'pose': slice(0, 12), 'hidden_state': slice(1500, 1600)}}, r"'hidden_state' = slice\(1500, 1600, None\) is not a plain range within the model's 1576 outputs"),
+  ({'output_slices': {'pose': slice(0, 12), 'hidden_state': slice(1500, 1600)}},
+   r"'hidden_state' = slice\(1500, 1600, None\) is not a plain range within the model's 1576 outputs"),
   ({'output_slices': {'pose': slice(0, 12, 2)}}, r"not a plain range"),
 ])
 def test_onnx_import_refuses(tmp_path, kw, msg):

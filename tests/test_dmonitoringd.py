@@ -39,7 +39,7 @@ def test_distraction_types_and_awareness():
   assert DriverMonitoring().update(_dm(_side(yaw=0.7, std=0.5)), 20.)['distractedType'] == 0              # pose too unsure to judge
   # distracted with a confident face: awareness 1 -> 0 in DISTRACTED_TIME, then recovers when attentive
   n = int(round(Settings().DISTRACTED_TIME / DT_DMON))
-  for i in range(n): s = dm.update(_dm(_side(yaw=0.7)), 20.)
+  for _ in range(n): s = dm.update(_dm(_side(yaw=0.7)), 20.)
   assert s['awarenessStatus'] == pytest.approx(0, abs=1e-6) and s['stepChange'] == pytest.approx(DT_DMON / Settings().DISTRACTED_TIME)
   prev = s['awarenessStatus']
   ups = []
@@ -57,7 +57,7 @@ def test_rhd_decided_with_hysteresis():
   st = Settings(WHEELPOS_MIN_COUNT=20, WHEELPOS_TAU=0.5)
   dm = DriverMonitoring(st)
   right = _dm(_side(face=0.05), _side(), wheel_on_right=0.95)
-  for i in range(19): s = dm.update(right, 20.)
+  for _ in range(19): s = dm.update(right, 20.)
   assert not dm.rhd_checked and not s['isRHD']   # not enough frames yet: LHD
   s = dm.update(right, 20.)
   assert dm.rhd_checked and s['isRHD'] and s['faceDetected']   # now the right side's driver data is used
@@ -126,8 +126,8 @@ def test_daemon_bad_input_and_restart(artifacts):
     msg = messaging.new_message('liveCalibration')
     msg.liveCalibration.rpyCalib = rpy
     pm.send('liveCalibration', msg)
-  def until(n, want):
-    for n in range(n, n + 20):
+  def until(first, want):
+    for n in range(first, first + 20):
       ds, dms = _run(cam, col, n)
       if ds.valid == want:
         assert dms.valid == want

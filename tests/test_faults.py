@@ -18,14 +18,11 @@ from oproute.logreader import LogReader, segment_dirs
 
 DAEMONS = {'modeld': (RoadModel, 'road', {ROAD: LAYOUT, WIDE_ROAD: LAYOUT}), 'dmonitoringd': (DriverModel, 'dm', {DRIVER: LAYOUT})}
 
-@pytest.fixture(scope='module')
-def artifacts(): return build(CACHE.parent / 'tiny', models='tiny')
-
 @pytest.mark.parametrize('daemon', DAEMONS)
-def test_an_altered_artifact_exits_78_before_waiting_for_a_camera(daemon, artifacts, tmp_path):
+def test_an_altered_artifact_exits_78_before_waiting_for_a_camera(daemon, tiny_artifacts, tmp_path):
   """No camera server at all: the daemon can only have checked the artifact first. The message is the loader's."""
   bad = tmp_path / 'artifacts'
-  shutil.copytree(artifacts / (family := DAEMONS[daemon][1]), bad / family)
+  shutil.copytree(tiny_artifacts / (family := DAEMONS[daemon][1]), bad / family)
   weights = bad / family / ('vision.bin' if family == 'road' else 'dm.bin')
   with open(weights, 'r+b') as f:
     f.seek(os.path.getsize(weights) // 2)
@@ -78,7 +75,7 @@ def test_a_hidden_state_of_another_width_is_refused_with_the_artifact():
     RoadRunner(art, LAYOUT)
 
 @pytest.mark.parametrize('daemon', DAEMONS)
-def test_malformed_messages_at_100hz_on_every_input_cost_no_output(daemon, artifacts):
+def test_malformed_messages_at_100hz_on_every_input_cost_no_output(daemon, tiny_artifacts):
   """Garbage, truncated messages and valid messages of the wrong type, 100 a second on every service the daemon
   subscribes to (camera states from the camera's own publishers), while the camera sends frames (60 at least, and until
   every input got 10 of each kind): every frame is answered."""
@@ -87,7 +84,7 @@ def test_malformed_messages_at_100hz_on_every_input_cost_no_output(daemon, artif
   others = messaging.PubMaster([s for s in cls.SUBSCRIBES if s not in CAMERA_STATE_SERVICES.values()])
   socks = {**others.sock, **{s: cam.pm.sock[s] for s in cls.SUBSCRIBES if s in cam.pm.sock}}
   assert sorted(socks) == sorted(cls.SUBSCRIBES)
-  d, notify = start_daemon(daemon, artifacts)
+  d, notify = start_daemon(daemon, tiny_artifacts)
   col = Collector(cls.PUBLISHES)
   faults = MessageFaults(socks, hz=100)
   faults.start()

@@ -177,7 +177,7 @@ def test_submaster_drops_malformed_messages_and_never_raises(caplog):
     bad = [os.urandom(200), good[:20], wrong, _aliased(50, 9999)]
     for i, dat in enumerate(bad):
       assert ask(conn, ("send", [dat])) == "sent"
-      update_until(sm, lambda: sm.malformed["carState"] == i + 1)   # update() never raises
+      update_until(sm, lambda i=i: sm.malformed["carState"] == i + 1)   # update() never raises
       assert not sm.updated["carState"] and not sm.seen["carState"]
     assert ask(conn, ("send", [good])) == "sent"
     update_until(sm, lambda: sm.updated["carState"])

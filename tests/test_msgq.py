@@ -362,7 +362,7 @@ def test_subscriber_survives_publisher_restart_in_same_process():
   for gen in (b"first", b"second", b"third"):
     pub = msgq.pub_sock("ep")
     deadline = time.monotonic() + 5
-    while (m := sub.receive()) != gen:
+    while sub.receive() != gen:
       assert time.monotonic() < deadline, f"no message from publisher {gen!r}"
       pub.send(gen)
     pub.close()

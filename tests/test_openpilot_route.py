@@ -1,40 +1,13 @@
 """openpilot routes end to end: a route written with openpilot's own schema replays through camerad and both real
 daemons; what the project records reads back in openpilot's LogReader, message for message."""
-import json, os, subprocess, sys, time
-from pathlib import Path
-import pytest
-from cereal import messaging
-from artifacts import CACHE, LAYOUT, REPO, build
+import os, subprocess, sys
+from artifacts import REPO
 from daemon_harness import Collector, Daemon
-from openpilot_route import write_route
-
-@pytest.fixture(scope="module")
-def tiny_artifacts():
-  return build(CACHE.parent / "tiny", models="tiny")
-
-@pytest.fixture(scope="module")
-def scene(tmp_path_factory) -> Path:
-  p = tmp_path_factory.mktemp("scene") / "scene.json"
-  p.write_text(json.dumps({"frames": 20, "calib": [0.01, 0.02, -0.015], "intrinsics": {
-    c: {"width": LAYOUT.width, "height": LAYOUT.height, "focal_length": f} for c, f in (("road", 88.0), ("wide", 20.0), ("driver", 20.0))}}))
-  return p
+from openpilot_route import lockstep, write_route
 
 def run(module: str, *args, timeout: float = 120) -> subprocess.CompletedProcess:
   return subprocess.run([sys.executable, "-m", module, *map(str, args)], cwd=REPO, capture_output=True, text=True, timeout=timeout,
                         env={**os.environ, "DEV": "CPU"})
-
-def lockstep(route: Path, col: Collector, *args) -> str:
-  """camerad --lockstep on the route until it ends, reading the outputs as they come (a subscriber's queue is bounded)."""
-  cam = subprocess.Popen([sys.executable, "-m", "camerad", "--source", route, "--lockstep", "--lockstep-timeout", "60", *args],
-                         cwd=REPO, stderr=subprocess.PIPE, text=True)
-  while cam.poll() is None:
-    col.poll()
-    time.sleep(0.01)
-  err = cam.communicate()[1]
-  assert cam.returncode == 0, err
-  time.sleep(0.2)
-  col.poll()
-  return err
 
 def test_openpilot_route_replays_through_both_daemons(tiny_artifacts, scene, tmp_path):
   """Two segments whose frame ids start at 100 (a drive's middle), road and driver cameras: in lockstep, exactly one

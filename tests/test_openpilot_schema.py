@@ -93,8 +93,9 @@ def test_newer_fields():
 
 # ---- by value: fill every field one schema declares, read it under the other, compare what both declare ----
 
-def fill(b, schema, n=itertools.count(1), depth=0) -> None:
-  """Deterministic, distinct values in every settable field (the first member of a union)."""
+def fill(b, schema, n=None, depth=0) -> None:
+  """Deterministic, distinct values in every settable field (the first member of a union); n counts them."""
+  n = itertools.count(1) if n is None else n
   union = set(schema.union_fields)
   for name, f in schema.fields.items():
     if f.proto.which() != "slot" or (name in union and name != schema.union_fields[0]) or depth > 6: continue

@@ -1,7 +1,7 @@
 """Synthetic scenes: JSON validation, tracks, deterministic NV12 rendering into any buffer layout, and ground truth
 that agrees with the pixels (projected through modelrt.geometry, the same projection the daemons' warps use)."""
 import copy, io, json, math
-from functools import lru_cache
+from functools import cache
 import numpy as np
 import pytest
 from camerad.scene import SCENES_DIR, SceneError, Track, load_scene, parse_scene
@@ -30,7 +30,7 @@ def merged(base: dict, patch: dict) -> dict:
     else: out[k] = v
   return out
 
-@lru_cache(maxsize=None)
+@cache
 def renderer(name: str, camera: str, layout: str | None = None) -> SceneRenderer:
   sc = parse_scene(SMALL, 'small') if name == 'small' else load_scene(name)
   cam = sc.cameras[camera]
@@ -172,7 +172,7 @@ def test_lead_truth_matches_box():
   r = renderer('lead_braking', 'road')
   sc, cam = r.scene, r.cam
   for frame in (0, 40, 78):
-    lead, (y, u, v) = r.truth(frame)['lead'], planes(r, frame)
+    lead, (y, _, _) = r.truth(frame)['lead'], planes(r, frame)
     assert lead['present'] and lead['in_ego_lane']
     cu, bottom = project(sc, cam, lead['x'], lead['y'])
     assert y[bottom - 2, cu] == LEAD_BODY[0] and y[bottom + 2, cu] != LEAD_BODY[0]
@@ -191,8 +191,8 @@ def test_driver_truth_matches_face():
   r = renderer('driver_blinking', 'driver')
   cam = r.cam
   opened = closed = 0
-  for frame in range(0, 20):
-    tr, (y, u, v) = r.truth(frame)['driver'], planes(r, frame)
+  for frame in range(20):
+    tr, (y, _, _) = r.truth(frame)['driver'], planes(r, frame)
     face = tr['face']
     assert face['present'] and not tr['phone'] and not tr['wheel_on_right']
     skin = (y == SKIN[0])
@@ -209,7 +209,7 @@ def test_driver_truth_matches_face():
 def test_driver_phone_and_yaw():
   r = renderer('driver_distracted', 'driver')
   for frame in (0, 50):
-    tr, (y, u, v) = r.truth(frame)['driver'], planes(r, frame)
+    tr, (y, _, _) = r.truth(frame)['driver'], planes(r, frame)
     phone = y == PHONE[0]
     assert phone.any() == tr['phone'] == (frame == 50)
     eyes_u = np.nonzero(y == EYE[0])[1].mean()

@@ -16,7 +16,8 @@ def frame_bytes(layout: NV12Layout, frame_id: int) -> np.ndarray:
   return ((np.arange(layout.size, dtype=np.uint32) * 7 + frame_id * 13 + (np.arange(layout.size) // layout.stride)) % 251).astype(np.uint8)
 
 def planes(arr: np.ndarray, l: NV12Layout) -> tuple[np.ndarray, np.ndarray]:
-  return arr[:l.stride * l.height].reshape(l.height, l.stride)[:, :l.width], arr[l.uv_offset:l.uv_offset + l.stride * l.height // 2].reshape(l.height // 2, l.stride)[:, :l.width]
+  uv = arr[l.uv_offset:l.uv_offset + l.stride * l.height // 2]
+  return arr[:l.stride * l.height].reshape(l.height, l.stride)[:, :l.width], uv.reshape(l.height // 2, l.stride)[:, :l.width]
 
 # ***** processes *****
 
