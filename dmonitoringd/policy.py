@@ -12,8 +12,7 @@
 from __future__ import annotations
 from dataclasses import dataclass
 import numpy as np
-
-DT_DMON = 0.05
+from modelrt.constants import DT as DT_DMON   # the policy steps once per driver frame it runs on
 
 @dataclass(frozen=True)
 class Settings:

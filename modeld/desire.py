@@ -8,9 +8,8 @@ cancels it. The desire index is a one-hot position; the runner turns it into a r
 """
 from __future__ import annotations
 import numpy as np
-from modelrt.constants import DESIRE_LEN, MODEL_RUN_FREQ
+from modelrt.constants import DESIRE_LEN, DT
 
-DT = 1 / MODEL_RUN_FREQ
 LANE_CHANGE_SPEED_MIN = 20 * 0.44704   # 20 mph in m/s
 LANE_CHANGE_TIME_MAX = 10.
 

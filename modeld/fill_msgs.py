@@ -10,10 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 import numpy as np
 from cereal.messaging import new_message
-from modelrt.constants import T_IDXS, X_IDXS, LEAD_T_IDXS, LEAD_T_OFFSETS, META_T_IDXS, MODEL_RUN_FREQ
+from modelrt.constants import T_IDXS, X_IDXS, LEAD_T_IDXS, LEAD_T_OFFSETS, META_T_IDXS, MODEL_RUN_FREQ, DT
 from modelrt.contracts import RoadContract
 
-DT = 1 / MODEL_RUN_FREQ
 POLY_PATH_DEGREE = 4
 # action: the plan is read at the actuator delay plus the smoothing time constant plus ACTION_T_OFFSET from now (no
 # earlier than MIN_STABLE_DELAY: a shorter time scales the change up to it down); no lateral smoothing in this release

@@ -18,6 +18,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 from cereal.services import CAMERAS
 from modelrt.constants import DM_HEIGHT, DM_WIDTH, X_IDXS
+from modelrt.calibration import camera_for, sensor_name
 from modelrt.geometry import CameraConfig, camera_config, camera_from_calib, dm_warp_matrix
 
 CAM_HEIGHT = 1.22          # m, when no liveCalibration.height was seen
@@ -43,16 +44,6 @@ def prob_colour(p: float) -> tuple[int, int, int]:
   p = float(np.clip(p, 0, 1))
   a, b, t = (RED, YELLOW, p * 2) if p < 0.5 else (YELLOW, GREEN, p * 2 - 1)
   return tuple(int(round(x + (y - x) * t)) for x, y in zip(a, b))
-
-def sensor_camera(sensor: str, camera: str) -> CameraConfig:
-  try: return camera_config(sensor, camera)
-  except KeyError: return camera_config('ar0231', camera)
-
-def frame_camera(sensor: str, camera: str, width: int, height: int, base: CameraConfig | None = None) -> CameraConfig:
-  """The camera geometry of a frame: `base` (a scene's camera) or the sensor's (ar0231 if unknown). A frame of another
-  size (a video file, --width) keeps the field of view: the focal length scales with the width."""
-  base = base or sensor_camera(sensor, camera)
-  return base if (base.width, base.height) == (width, height) else CameraConfig(width, height, base.focal_length * width / base.width)
 
 def project(points: np.ndarray, rpy, cam: CameraConfig) -> tuple[np.ndarray, np.ndarray]:
   """Calibrated-frame points (N, 3) -> camera pixels (N, 2) and a mask of the points in front of the camera."""
@@ -175,7 +166,7 @@ def draw_driver(p: Painter, m: FrameMsgs, cam: CameraConfig) -> None:
 def render(rgb: np.ndarray, m: FrameMsgs, camera: str) -> Image.Image:
   """The frame with m's outputs drawn on it."""
   img = Image.fromarray(rgb)
-  cam = frame_camera(m.sensor, camera, img.width, img.height, m.cam)
+  cam = camera_for(sensor_name(m.sensor, None), camera, img.width, img.height, m.cam)   # the daemons' geometry
   p = Painter(img)
   if camera == 'driver':
     if m.driver is not None: draw_driver(p, m, cam)
@@ -255,7 +246,7 @@ def route_frames(route: str, camera: str, scene: str | None, frames: int | None,
     else:
       for fid in ids:
         m = msgs[fid]
-        cam = m.cam or sensor_camera(m.sensor, camera)
+        cam = m.cam or camera_config(sensor_name(m.sensor, None), camera)
         w, h = cam.width, cam.height
         yield m, np.full((h, w, 3), 40, np.uint8)
   return len(ids), gen()

@@ -39,9 +39,9 @@ def sensor_name(msg_sensor: str, override: str | None) -> str:
   if override: return override
   return msg_sensor if msg_sensor in SENSORS else DEFAULT_SENSOR
 
-def camera_for(sensor: str, camera: str, width: int, height: int) -> CameraConfig:
-  """The sensor's camera geometry for a stream of width x height: a stream smaller or larger than the sensor (scaled
-  output) keeps its field of view, so the focal length scales with the width."""
-  cam = camera_config(sensor, camera)
+def camera_for(sensor: str, camera: str, width: int, height: int, base: CameraConfig | None = None) -> CameraConfig:
+  """The camera geometry of a stream of width x height: `base` (a scene's own camera), else the sensor's. A stream
+  smaller or larger than that camera (scaled output) keeps its field of view: the focal length scales with the width."""
+  cam = base or camera_config(sensor, camera)
   if (cam.width, cam.height) == (width, height): return cam
   return CameraConfig(width, height, cam.focal_length * width / cam.width)

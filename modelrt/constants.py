@@ -12,6 +12,7 @@ LEAD_T_OFFSETS = [0., 2., 4.]
 META_T_IDXS = [2., 4., 6., 8., 10.]
 
 MODEL_RUN_FREQ = 20
+DT = 1 / MODEL_RUN_FREQ   # s between two frames the models run on
 MODEL_CONTEXT_FREQ = 5
 FRAME_SKIP = MODEL_RUN_FREQ // MODEL_CONTEXT_FREQ   # 4: the history keeps every 4th frame
 DESIRE_LEN = 8
