@@ -31,9 +31,8 @@ class ValidationError(RuntimeError):
 def road_warp_fn(layout: NV12Layout, device: str) -> Callable:
   from modelrt.warp import road_warp, update_img_queue
   def warp(queue: Tensor, frame: Tensor, transform: Tensor) -> Tensor:
-    new_queue, img = update_img_queue(queue, road_warp(frame.to(device), transform.to(device), layout))
-    img = img.contiguous()
-    Tensor.realize(queue.assign(new_queue), img)
+    img = update_img_queue(queue, road_warp(frame.to(device), transform.to(device), layout))
+    Tensor.realize(queue, img)
     return img
   return warp
 
