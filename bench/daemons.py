@@ -14,10 +14,15 @@ filled, its index sent) to its message's arrival here.
    CPU, and its RSS with the private part (RssAnon) at each quarter of the run. It must not grow: the private part
    rises by under 1 MiB in the first two minutes (allocator warm-up) and then stays flat (to 8 KiB over 8 minutes
    in a 10-minute run here); run with --seconds 600 to see it.
+3. The whole stack (--stack-seconds; --whole-stack runs only this): what `make demo` runs, as real processes: camerad
+   rendering the demo's scene (road, wide road, driver at 20 Hz), modeld, dmonitoringd and modeld-record. No camera
+   here: latency is from the frame's end of exposure (its timestampEof, stamped by camerad once the buffer is
+   filled) to the output's arrival; frameDropPerc as modeld publishes it; camera frames without an output; each
+   process's CPU. The stack keeps up when frameDropPerc stays 0 and no frame goes without an output.
 
 Everything is measured in this run on this machine; run it alone (the daemons share the cores).
 
-usage: bench/daemons.py [--seconds 60] [--ratio-seconds 20] [--models reference|tiny] [--camera LAYOUT]
+usage: bench/daemons.py [--seconds 60] [--ratio-seconds 20] [--stack-seconds 60] [--whole-stack] [--models reference|tiny] [--camera LAYOUT]
 """
 import argparse, os, pathlib, signal, subprocess, sys, tempfile, threading, time, uuid
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -70,9 +75,11 @@ def stop(procs: dict[str, subprocess.Popen]) -> dict[str, str]:
   return stats
 
 class Subscriber:
-  """Arrival time of every message of the given services by frameId, and modelV2's frameDropPerc, from a thread."""
+  """Arrival time of every message of the given services by frameId, its timestampEof where it has one (modelV2 and
+  the camera states), and modelV2's frameDropPerc, from a thread."""
   def __init__(self, services: list[str]):
     self.arrivals: dict[str, dict[int, int]] = {s: {} for s in services}
+    self.eof: dict[str, dict[int, int]] = {s: {} for s in services}
     self.drop_perc: list[tuple[int, float]] = []
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._run, daemon=True)
@@ -88,8 +95,10 @@ class Subscriber:
         while (dat := sock.receive(non_blocking=True)) is not None:
           now = time.monotonic_ns()
           ev = messaging.log_from_bytes(dat)
-          self.arrivals[s := ev.which()][getattr(ev, s).frameId] = now
-          if s == 'modelV2': self.drop_perc.append((ev.modelV2.frameId, ev.modelV2.frameDropPerc))
+          m = getattr(ev, s := ev.which())
+          self.arrivals[s][m.frameId] = now
+          if hasattr(m, 'timestampEof'): self.eof[s][m.frameId] = m.timestampEof
+          if s == 'modelV2': self.drop_perc.append((m.frameId, m.frameDropPerc))
     for sock in socks: sock.close()
 
   def close(self) -> None:
@@ -179,6 +188,41 @@ def together(cam, art, seconds: float) -> dict:
               'rss': [(t, *rss[n][t - 1]) for t in quarters]}
   return out
 
+def whole_stack(art, layout: NV12Layout, seconds: float) -> dict:
+  """camerad (the demo's scene, looping), modeld, dmonitoringd and modeld-record: latencies from each frame's
+  timestampEof, frameDropPerc, frames without an output, each process's CPU share over the measured seconds."""
+  import json
+  from tools.demo import DEMO_SCENE
+  from daemon_harness import Notify
+  tmp = tempfile.TemporaryDirectory()
+  (scene := pathlib.Path(tmp.name) / 'scene.json').write_text(json.dumps(DEMO_SCENE))
+  sub, procs = Subscriber(['modelV2', 'driverStateV2', 'roadCameraState', 'driverCameraState']), {}
+  try:
+    for name, cmd in (('record', ['tools.record', '--route', f'{tmp.name}/route']),
+                      ('camerad', ['camerad', '--source', f'synthetic:{scene}', '--loop', '--layout', str(layout)])):
+      notify = Notify()
+      procs[name] = p = subprocess.Popen([sys.executable, '-m', *cmd], cwd=REPO, env={**os.environ, 'NOTIFY_SOCKET': notify.addr},
+                                         stdout=subprocess.DEVNULL, stderr=(log := tempfile.TemporaryFile('w+')))
+      p.log = log
+      try: notify.wait('READY=1', 60)
+      finally: notify.close()
+    procs |= {n: start(art, n) for n in DAEMONS}   # each is ready once it has connected to camerad
+    time.sleep(SETTLE_S)
+    cpu0, t0, first = {n: proc_stats(p.pid)[0] for n, p in procs.items()}, time.monotonic(), max(sub.arrivals['roadCameraState'], default=0) + 1
+    time.sleep(seconds)
+    cpu = {n: (proc_stats(p.pid)[0] - cpu0[n]) / (time.monotonic() - t0) for n, p in procs.items()}
+    last = max(sub.arrivals['roadCameraState'], default=0)
+  finally:
+    sub.close()
+    stop(procs)
+    tmp.cleanup()
+  frames = range(first, last + 1)
+  def lat(svc: str, eof: dict) -> np.ndarray:
+    return np.array([sub.arrivals[svc][f] - eof[f] for f in frames if f in sub.arrivals[svc] and f in eof]) / 1e9
+  return {'frames': len(frames), 'cpu': cpu, 'drop_perc': [v for f, v in sub.drop_perc if f in frames],
+          'lat': {'modelV2': lat('modelV2', sub.eof['modelV2']), 'driverStateV2': lat('driverStateV2', sub.eof['driverCameraState'])},
+          'missing': {s: sum(f not in sub.arrivals[s] for f in frames) for s in ('modelV2', 'driverStateV2')}}
+
 def lat_line(lat: np.ndarray, total: int) -> str:
   if not len(lat): return "no messages received"
   return f"{len(lat)}/{total} frames; p50 {ms(np.percentile(lat, 50))}, p99 {ms(np.percentile(lat, 99))}, max {ms(lat.max())}"
@@ -188,6 +232,9 @@ def main() -> int:
   ap.add_argument('--seconds', type=float, default=60., help="both daemons together at 20 Hz, measured seconds (default 60; after a 3 s settle)")
   ap.add_argument('--ratio-seconds', type=float, default=20., help="each daemon alone first, seconds of frames to it (as many of bare "
                   "replays, alternating in 2 s blocks; default 20)")
+  ap.add_argument('--stack-seconds', type=float, default=60., help="the whole stack (camerad, both daemons, modeld-record), measured "
+                  "seconds (default 60; after a 3 s settle; 0: skip)")
+  ap.add_argument('--whole-stack', action='store_true', help="run only the whole stack")
   ap.add_argument('--models', choices=['reference', 'tiny'], default='reference', help="built-in reference models or the tiny test models")
   ap.add_argument('--camera', default='1928x1208:aligned', help="camera buffer layout of all three streams (default 1928x1208:aligned)")
   args = ap.parse_args()
@@ -199,15 +246,28 @@ def main() -> int:
   art = build(CACHE.parent / f'bench-{args.models}', (layout,), models=args.models)
   print(f"artifacts ({args.models}, {layout}): {time.perf_counter() - t:.1f} s (content-addressed: fast when unchanged)")
 
-  cam = Camera({ROAD: layout, WIDE_ROAD: layout, DRIVER: layout})
-  rng = np.random.default_rng(1)
-  cam.images = {s: rng.integers(0, 256, layout.size, dtype=np.uint8) for s in cam.layouts}
-  bare = bare_runners(art, layout, cam.images)
-  try:
-    alone = {n: overhead(cam, art, n, bare[n], args.ratio_seconds) for n in DAEMONS}
-    both = together(cam, art, args.seconds)
-  finally: cam.close()
+  if not args.whole_stack:
+    cam = Camera({ROAD: layout, WIDE_ROAD: layout, DRIVER: layout})
+    rng = np.random.default_rng(1)
+    cam.images = {s: rng.integers(0, 256, layout.size, dtype=np.uint8) for s in cam.layouts}
+    bare = bare_runners(art, layout, cam.images)
+    try:
+      alone = {n: overhead(cam, art, n, bare[n], args.ratio_seconds) for n in DAEMONS}
+      both = together(cam, art, args.seconds)
+    finally: cam.close()
+    report(alone, both)
+  if args.whole_stack or args.stack_seconds > 0:
+    st = whole_stack(art, layout, args.stack_seconds)
+    print(f"whole stack ({args.stack_seconds:g} s of the demo's scene at 20 Hz, {os.cpu_count()} cores): {st['frames']} camera frames; "
+          f"CPU {', '.join(f'{n} {c * 100:.0f}%' for n, c in st['cpu'].items())} of one core")
+    for svc, lat in st['lat'].items():
+      print(f"whole stack {svc} latency from the frame's timestampEof: {lat_line(lat, st['frames'])}; frames without it {st['missing'][svc]}")
+    dp = st['drop_perc']
+    print(f"whole stack modelV2 frameDropPerc: max {max(dp):.2f}, mean {np.mean(dp):.2f} over {len(dp)} outputs "
+          f"({'keeps up' if max(dp) == 0 and not st['missing']['modelV2'] else 'DROPS FRAMES'})" if dp else "whole stack: no modelV2")
+  return 0
 
+def report(alone: dict, both: dict) -> None:
   for n, (lat, base) in alone.items():
     print(f"{n} alone, {DAEMONS[n][0]} latency publish->arrival: {lat_line(lat, len(base))}")
     print(f"{n} bare guarded-JIT replay (runner.run) in alternating blocks: p50 {ms(np.percentile(base, 50))}, p99 {ms(np.percentile(base, 99))}")
@@ -221,6 +281,5 @@ def main() -> int:
   print(f"modelV2 frameDropPerc at 20 Hz, both daemons running: max {max(dp):.2f}, last {dp[-1]:.2f}" if dp else "no frameDropPerc")
   for n, (lat, base) in alone.items():
     print(f"{n}: latency p50 / bare replay p50 = {np.percentile(lat, 50) / np.percentile(base, 50):.2f} (target <= 1.10)")
-  return 0
 
 if __name__ == '__main__': sys.exit(main())

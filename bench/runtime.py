@@ -1,23 +1,58 @@
 #!/usr/bin/env python3
-"""Model runtime benchmark: artifact load, first frame, steady replay, guard overhead, and onnxruntime as the baseline.
+"""Model runtime benchmark, in three parts; ratios only compare numbers measured in this run on this machine.
 
-Builds small ONNX models with openpilot v0.11.1's I/O and a few MB of weights (tests/onnx_models.py, dense) into a
-temporary artifact for a 1928x1208 camera, then prints one measurement per line; the last line is tinygrad/onnxruntime for the same models.
-Ratios only compare numbers measured in this run on this machine.
+1. The small test models (tests/onnx_models.py, dense: the release's I/O, a few MB of weights) in an artifact for a
+   1928x1208 camera: artifact load, first frame, steady frame, guard overhead, tinygrad/onnxruntime.
+2. Warps and reference models at 1928x1208 (the artifact the daemons and the demo use, modeld-compile --reference):
+   each JIT's guarded replay (modelrt.dispatch.HostReplay) against tinygrad's own replay of the same JIT, interleaved,
+   and against the targets: both road warps < 2.2 ms together, the reference vision model < 4 ms.
+3. Real-size models, built here with onnx and random weights (no download): a convolutional vision network with
+   the release's vision I/O (img, big_img uint8 (1, 12, 128, 256) in, one (1, 1576) vector with its output_slices
+   out) of 27 M parameters and 2.1 GFLOP a frame, and a driver-monitoring network of 7.4 M parameters and 1 GFLOP.
+   Each is built without and with BEAM (--beam; the build time is printed, the artifact and tinygrad's search
+   results are cached per machine: only the first run searches), then its guarded replay p50/p99 is measured
+   against onnxruntime on one thread, interleaved, and the ratio printed (target <= 1.0). Where the target is not
+   met, the top 10 kernels of the profile follow (modelrt.profile).
+
+usage: bench/runtime.py [--beam 2] [--parts small,reference,realsize]
 """
-import pathlib, subprocess, sys, tempfile, time
+import argparse, os, pathlib, subprocess, sys, tempfile, time
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / 'tests')]
+os.environ.setdefault('DEV', 'CPU')
 import numpy as np
+
+CACHE = REPO / '.cache'
+TARGETS = {'road warps': 2.2e-3, 'reference vision': 4e-3}
 
 def ms(x: float) -> str: return f"{x * 1e3:.2f} ms"
 def pct(ts, q) -> float: return float(np.percentile(ts, q))
 
-def main() -> None:
-  t0 = time.perf_counter()
+def interleaved(fns: dict, blocks: int = 6, per_block: int = 10) -> dict[str, list[float]]:
+  """Seconds per call of each function, in alternating blocks (each block after a warm-up call) so all see the same
+  machine load."""
+  ts: dict[str, list[float]] = {k: [] for k in fns}
+  for _ in range(blocks):
+    for k, f in fns.items():
+      f()
+      for _ in range(per_block):
+        t = time.perf_counter(); f(); ts[k].append(time.perf_counter() - t)
+  return ts
+
+def ort_session(path: pathlib.Path):
+  import onnxruntime as ort
+  so = ort.SessionOptions()
+  so.intra_op_num_threads, so.inter_op_num_threads = 1, 1
+  return ort.InferenceSession(str(path), so)
+
+def random_feed(sess, rng: np.random.Generator) -> dict[str, np.ndarray]:
+  return {i.name: (rng.integers(0, 256, i.shape, dtype=np.uint8) if 'int8' in i.type else rng.standard_normal(i.shape).astype(np.float32))
+          for i in sess.get_inputs()}
+
+# ***** 1. the small test models *****
+
+def small_models() -> None:
   from tinygrad import Device
-  Device[Device.DEFAULT]
-  print(f"tinygrad import + {Device.DEFAULT} device start: {ms(time.perf_counter() - t0)} (once per process, before any model)")
   from onnx_models import vision_onnx, policy_onnx
   from msgq.visionipc.layout import NV12Layout
   from modelrt.onnx_import import load_onnx
@@ -74,8 +109,8 @@ def main() -> None:
     ts = ts[10:]
     print(f"steady frame (2 warps + vision + policy, guarded, copied out): p50 {ms(pct(ts, 50))}, p99 {ms(pct(ts, 99))}")
 
-    # guard overhead as the runner pays it (warp: checks; models: checks + host copy) vs the bare replay + device sync,
-    # interleaved so both see the same machine load
+    # guard overhead as the runner pays it (warp: checks; models: checks + host copy) vs the bare replay (the same
+    # HostReplay without checks or copy) + device sync, interleaved so both see the same machine load
     dev = Device[runner.artifact.manifest['target']['device']]
     frame = runner.cameras.get(bufs[0], layout)
     cases = {'warp': (runner.warps['img'], {'queue': runner.queues['img'], 'frame': frame, 'transform': runner.transforms['img'][1]})}
@@ -87,27 +122,189 @@ def main() -> None:
     for name, (g, kw) in cases.items():
       bare, guarded = [], []
       for _ in range(40):
-        t = time.perf_counter(); g.jit(**kw); dev.synchronize(); bare.append(time.perf_counter() - t)
+        t = time.perf_counter(); g.dispatch(**kw); dev.synchronize(); bare.append(time.perf_counter() - t)
         t = time.perf_counter(); g.replay(**kw); g.copy_out() if name != 'warp' else dev.synchronize(); guarded.append(time.perf_counter() - t)
       med[name] = b, gd = pct(bare[5:], 50), pct(guarded[5:], 50)
       print(f"{name}: bare replay {ms(b)}, guarded {ms(gd)}, ratio {gd / b:.3f}")
     print(f"guarded/bare over the three JITs: {sum(g for _, g in med.values()) / sum(b for b, _ in med.values()):.3f} (target <= 1.05)")
 
-    import onnxruntime as ort
-    so = ort.SessionOptions()
-    so.intra_op_num_threads, so.inter_op_num_threads = 1, 1
     t_ort = 0.
     rng = np.random.default_rng(0)
     for name in ('vision', 'policy'):
-      sess = ort.InferenceSession(str(onnx[name]), so)
-      feed = {i.name: (rng.integers(0, 256, i.shape, dtype=np.uint8) if 'int8' in i.type else rng.standard_normal(i.shape).astype(np.float32))
-              for i in sess.get_inputs()}
-      for _ in range(5): sess.run(None, feed)
-      ts = []
-      for _ in range(40):
-        t = time.perf_counter(); sess.run(None, feed); ts.append(time.perf_counter() - t)
+      sess = ort_session(onnx[name])
+      feed = random_feed(sess, rng)
+      ts = interleaved({name: lambda: sess.run(None, feed)}, blocks=4)[name]
       print(f"onnxruntime 1 thread {name}: p50 {ms(pct(ts, 50))}")
       t_ort += pct(ts, 50)
-    print(f"tinygrad/onnxruntime (vision + policy, guarded, 1 core): {(med['vision'][1] + med['policy'][1]) / t_ort:.2f}")
+    print(f"tinygrad/onnxruntime (small test models: vision + policy, guarded, 1 core): {(med['vision'][1] + med['policy'][1]) / t_ort:.2f}")
+
+# ***** 2. warps and reference models against the targets *****
+
+def reference() -> None:
+  from tinygrad import Device
+  from artifacts import build
+  from msgq.visionipc.layout import NV12Layout
+  from modelrt.artifact import load_artifact
+  from modelrt.runner import RoadRunner, DMRunner, HostBuf
+  from modelrt.geometry import road_warp_matrix, dm_warp_matrix
+  from modelrt.calibration import camera_for
+
+  layout = NV12Layout.aligned(1928, 1208)
+  t = time.perf_counter()
+  art = build(CACHE / 'bench-reference', (layout,), models='reference')
+  print(f"reference artifact (modeld-compile --reference, {layout}): {time.perf_counter() - t:.1f} s (cached when unchanged)")
+  road, dm = RoadRunner(load_artifact(art, 'road'), layout, layout), DMRunner(load_artifact(art, 'dm'), layout)
+  rng = np.random.default_rng(0)
+  bufs = [HostBuf(layout, rng.integers(0, 256, layout.size, dtype=np.uint8), s, 0) for s in range(3)]
+  road.set_transforms(road_warp_matrix((0.01, 0.02, -0.015), camera_for('ar0231', 'road', 1928, 1208)),
+                      road_warp_matrix((0.01, 0.02, -0.015), camera_for('ar0231', 'wide', 1928, 1208), wide=True))
+  road.warmup(), dm.warmup()
+  dm.transform[0][:] = dm_warp_matrix(camera_for('ar0231', 'driver', 1928, 1208))
+  dev = Device[road.artifact.manifest['target']['device']]
+  frames = {k: road.cameras.get(b, layout) for k, b in zip(('img', 'big_img'), bufs)}
+  warp_in = {k: {'queue': road.queues[k], 'frame': frames[k], 'transform': road.transforms[k][1]} for k in road.warps}
+  imgs = {k: road.warps[k].replay(**warp_in[k]) for k in road.warps}
+  dframe = dm.cameras.get(bufs[2], layout)
+  dm_img = dm.warp.replay(frame=dframe, transform=dm.transform[1])
+  cases = {'road warp (img)': (road.warps['img'], warp_in['img']), 'wide road warp (big_img)': (road.warps['big_img'], warp_in['big_img']),
+           'reference vision': (road.vision, imgs), 'reference policy': (road.policy, {'features_buffer': road.features_buffer[1],
+           'desire_pulse': road.desire_pulse[1], 'traffic_convention': road.traffic_convention[1]}),
+           'driver warp': (dm.warp, {'frame': dframe, 'transform': dm.transform[1]}), 'reference DM': (dm.model, {'input_img': dm_img, 'calib': dm.calib[1]})}
+  p50 = {}
+  print("guarded replay (HostReplay: checks, kernels, output copy) vs tinygrad's own replay of the same JIT, interleaved:")
+  for name, (g, kw) in cases.items():
+    # a warp's output stays on the device for the model; a model's is copied out
+    out = (lambda g=g, kw=kw: (g.replay(**kw), dev.synchronize())) if 'warp' in name else (lambda g=g, kw=kw: g(**kw))
+    ts = interleaved({'ours': out, 'tinygrad': lambda g=g, kw=kw: (g.jit(**kw), dev.synchronize())})
+    p50[name] = pct(ts['ours'], 50)
+    print(f"  {name:26s} p50 {ms(p50[name])}, p99 {ms(pct(ts['ours'], 99))}; tinygrad's replay p50 {ms(pct(ts['tinygrad'], 50))} "
+          f"({pct(ts['tinygrad'], 50) / p50[name]:.1f}x)")
+  warps = p50['road warp (img)'] + p50['wide road warp (big_img)']
+  for what, got in (('road warps', warps), ('reference vision', p50['reference vision'])):
+    print(f"{what}: p50 {ms(got)}{' together' if what == 'road warps' else ''} (target < {ms(TARGETS[what])}): "
+          f"{'met' if got < TARGETS[what] else 'NOT met'}")
+
+# ***** 3. real-size models *****
+
+def _fc(nodes: list, weights: dict, x: str, name: str, n_in: int, n_out: int, rng, relu: bool = True) -> int:
+  """A fully connected layer as PyTorch exports nn.Linear (Gemm, the weight (out, in) transposed); its FLOPs."""
+  from onnx import helper
+  weights[f'{name}_w'] = (rng.standard_normal((n_out, n_in)) * np.sqrt(2 / n_in)).astype(np.float32)
+  nodes.append(helper.make_node('Gemm', [x, f'{name}_w'], [f'{name}_m' if relu else name], transB=1))
+  if relu: nodes.append(helper.make_node('Relu', [f'{name}_m'], [name]))
+  return 2 * n_in * n_out
+
+def _convs(nodes: list, weights: dict, x: str, name: str, layers: list, h: int, w: int, rng) -> tuple[str, int, int, int, int]:
+  """Conv + Relu layers (cin, cout, kernel, stride), He-initialised; (output, channels, height, width, FLOPs)."""
+  from onnx import helper
+  flops = 0
+  for i, (cin, cout, k, s) in enumerate(layers):
+    weights[f'{name}_w{i}'] = (rng.standard_normal((cout, cin, k, k)) * np.sqrt(2 / (cin * k * k))).astype(np.float32)
+    weights[f'{name}_b{i}'] = np.zeros(cout, np.float32)
+    pad = (k - 1) // 2 if k % 2 else 0
+    h, w = (h + 2 * pad - k) // s + 1, (w + 2 * pad - k) // s + 1
+    nodes += [helper.make_node('Conv', [x, f'{name}_w{i}', f'{name}_b{i}'], [f'{name}_c{i}'], kernel_shape=[k, k], strides=[s, s], pads=[pad] * 4),
+              helper.make_node('Relu', [f'{name}_c{i}'], [f'{name}_r{i}'])]
+    x, flops = f'{name}_r{i}', flops + 2 * cin * k * k * cout * h * w
+  return x, layers[-1][1], h, w, flops
+
+# per camera image: (1, 12, 128, 256) -> (1, 512, 4, 8); both flattened into a 512-wide hidden layer, then the outputs
+VISION_CONVS = [(12, 48, 3, 2), (48, 64, 3, 2), (64, 64, 3, 1), (64, 128, 3, 2), (128, 128, 3, 1), (128, 256, 3, 2), (256, 256, 3, 1),
+                (256, 512, 3, 2), (512, 512, 3, 1)]
+# the 1440x960 Y plane: a 4x4 patch stem, then stride-2 convolutions to (1, 256, 8, 12); with calib into a 256-wide layer
+DM_CONVS = [(1, 16, 4, 4), (16, 32, 3, 2), (32, 64, 3, 2), (64, 128, 3, 2), (128, 256, 3, 2), (256, 256, 3, 2)]
+
+def realsize_vision_onnx(path: pathlib.Path) -> tuple[pathlib.Path, int, int]:
+  """The release's vision I/O and output_slices with a real-size network; (path, parameters, FLOPs a frame)."""
+  from onnx import helper, TensorProto
+  from onnx_models import _save, _layout, KNOWN_SLICES
+  from modelrt.contracts import ROAD_V0_11_1
+  m, rng = ROAD_V0_11_1.vision, np.random.default_rng(0)
+  slices, bias = _layout(m, KNOWN_SLICES['vision'], {}, 0)
+  nodes, weights, flops, feats = [], {'scale': np.array(1 / 255, np.float32)}, 0, []
+  for k in ('img', 'big_img'):
+    nodes += [helper.make_node('Cast', [k], [f'{k}_f'], to=TensorProto.FLOAT), helper.make_node('Mul', [f'{k}_f', 'scale'], [f'{k}_s'])]
+    x, c, h, w, f = _convs(nodes, weights, f'{k}_s', k, VISION_CONVS, 128, 256, rng)
+    nodes.append(helper.make_node('Flatten', [x], [f'{k}_flat']))
+    feats.append(f'{k}_flat')
+    flops += f
+  nodes.append(helper.make_node('Concat', feats, ['feat'], axis=1))
+  flops += _fc(nodes, weights, 'feat', 'hidden', 2 * c * h * w, 512, rng) + _fc(nodes, weights, 'hidden', 'taps', 512, bias.size, rng, relu=False)
+  _save(path, nodes, {k: (i.shape, i.dtype) for k, i in m.inputs.items()}, bias, weights, slices)
+  return path, sum(v.size for v in weights.values()) + bias.size, flops
+
+def realsize_dm_onnx(path: pathlib.Path) -> tuple[pathlib.Path, int, int]:
+  """The release's driver-monitoring I/O and output_slices with a real-size network; (path, parameters, FLOPs)."""
+  from onnx import helper, TensorProto
+  from onnx_models import _save, _layout, KNOWN_SLICES, DM_FEATURES
+  from modelrt.contracts import DM_V0_11_1
+  m, rng = DM_V0_11_1.dm, np.random.default_rng(1)
+  slices, bias = _layout(m, KNOWN_SLICES['dm'], {}, DM_FEATURES)
+  weights = {'scale': np.array(1 / 255, np.float32), 'shape': np.array([1, 1, 960, 1440], np.int64)}
+  nodes = [helper.make_node('Cast', ['input_img'], ['img_f'], to=TensorProto.FLOAT), helper.make_node('Mul', ['img_f', 'scale'], ['img_s']),
+           helper.make_node('Reshape', ['img_s', 'shape'], ['img'])]
+  x, c, h, w, flops = _convs(nodes, weights, 'img', 'dm', DM_CONVS, 960, 1440, rng)
+  nodes += [helper.make_node('Flatten', [x], ['flat']), helper.make_node('Cast', ['calib'], ['calib_f'], to=TensorProto.FLOAT),
+            helper.make_node('Concat', ['flat', 'calib_f'], ['feat'], axis=1)]
+  flops += _fc(nodes, weights, 'feat', 'hidden', c * h * w + 3, 256, rng) + _fc(nodes, weights, 'hidden', 'taps', 256, bias.size, rng, relu=False)
+  _save(path, nodes, {k: (i.shape, i.dtype) for k, i in m.inputs.items()}, bias, weights, slices)
+  return path, sum(v.size for v in weights.values()) + bias.size, flops
+
+def realsize(beam: int) -> None:
+  from tinygrad import Tensor
+  from onnx_models import policy_onnx
+  from msgq.visionipc.layout import NV12Layout
+  from modelrt.onnx_import import load_onnx
+  from modelrt.compile import build_family
+  from modelrt.artifact import load_artifact
+  from modelrt.profile import kernel_profile, format_profile
+
+  layout = NV12Layout.aligned(1928, 1208)
+  (src := CACHE / 'bench-realsize' / 'onnx').mkdir(parents=True, exist_ok=True)
+  models = {'vision': realsize_vision_onnx(src / 'vision.onnx'), 'dm': realsize_dm_onnx(src / 'dm.onnx')}
+  for k, (_, params, flops) in models.items():
+    print(f"real-size {k}: {params / 1e6:.1f} M parameters, {flops / 1e9:.2f} GFLOP a frame")
+  families = {'road': {'vision': load_onnx(models['vision'][0], 'vision'), 'policy': load_onnx(policy_onnx(src / 'policy.onnx', dense=True), 'policy')},
+              'dm': {'dm': load_onnx(models['dm'][0], 'dm')}}
+  rng = np.random.default_rng(0)
+  for family, model in (('road', 'vision'), ('dm', 'dm')):
+    sess = ort_session(models[model][0])
+    feed = random_feed(sess, rng)
+    results = {}
+    for b in sorted({0, beam}):
+      out = CACHE / 'bench-realsize' / f'beam{b}'
+      t = time.perf_counter()
+      _, built = build_family(out, family, families[family], [layout], beam=b)
+      art = load_artifact(out, family)
+      took = f"built now in {time.perf_counter() - t:.1f} s" if built else f"cached, built in {art.manifest.get('build_seconds', '?')} s"
+      g = art.models[model]
+      inputs = {k: Tensor(v, device=g.inputs[k].device).realize() for k, v in feed.items()}
+      want = sess.run(None, feed)[0][0]   # the same computation: outputs agree to float32 summation order
+      np.testing.assert_allclose(g(**inputs), want, rtol=1e-3, atol=1e-3 * np.abs(want).max())
+      ts = interleaved({'tinygrad': lambda: g(**inputs), 'onnxruntime': lambda: sess.run(None, feed)}, blocks=4, per_block=5)
+      ratio = pct(ts['tinygrad'], 50) / pct(ts['onnxruntime'], 50)
+      results[b] = (g, inputs, ratio)
+      print(f"real-size {model} BEAM={b} ({took}): guarded replay p50 {ms(pct(ts['tinygrad'], 50))}, p99 {ms(pct(ts['tinygrad'], 99))}; "
+            f"onnxruntime 1 thread p50 {ms(pct(ts['onnxruntime'], 50))}, p99 {ms(pct(ts['onnxruntime'], 99))}; "
+            f"tinygrad/onnxruntime {ratio:.2f} (target <= 1.0: {'met' if ratio <= 1 else 'NOT met'})")
+    g, inputs, ratio = results[beam]
+    if ratio > 1:
+      print(f"real-size {model} BEAM={beam}: top 10 kernels (each launched alone, tinygrad's FLOP and byte estimates):")
+      print('\n'.join('  ' + l for l in format_profile(kernel_profile(g.jit, inputs, runs=3), 10)))
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  ap.add_argument('--beam', type=int, default=2, help="BEAM width of the real-size builds (searched once per machine, then cached; default 2)")
+  ap.add_argument('--parts', default='small,reference,realsize', help="comma list of: small, reference, realsize (default: all)")
+  args = ap.parse_args()
+  t0 = time.perf_counter()
+  from tinygrad import Device
+  Device[Device.DEFAULT]
+  print(f"tinygrad import + {Device.DEFAULT} device start: {ms(time.perf_counter() - t0)} (once per process, before any model); "
+        f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
+  parts = args.parts.split(',')
+  if 'small' in parts: small_models()
+  if 'reference' in parts: reference()
+  if 'realsize' in parts: realsize(args.beam)
 
 if __name__ == '__main__': main()

@@ -1,10 +1,13 @@
 """Scene renderers: road, wide road and driver camera frames written as NV12 straight into a caller's buffer.
 
 Road and wide: per scene and calibration the renderer computes, once, each pixel's class (sky, haze, ground),
-textured backgrounds and each row's camera ray; per frame it copies a background, switches the off-road part
-of each row to grass, paints lane lines as per-row spans found by solving the projected line equation for each
-row (exact, antialiased horizontally), draws the lead and applies the lighting. Y is written at full resolution,
-U and V at half. The projection is modelrt.geometry.camera_from_calib, nothing else. Radiometry: docs/SCENES.md.
+textured backgrounds and each row's camera ray; per frame it copies a background whose off-road part of each row is
+grass, paints lane lines as per-row spans found by solving the projected line equation for each row (exact,
+antialiased horizontally), draws the lead and applies the lighting. Y is written at full resolution, U and V at half.
+The grass is kept in a private copy of each background between frames and only the pixels whose side of a road
+edge changed are rewritten (a few per row; the road edges move slowly), so a frame costs a copy of the background
+and what moves: a frame depends on its number only, never on the frames rendered before it.
+The projection is modelrt.geometry.camera_from_calib, nothing else. Radiometry: docs/SCENES.md.
 """
 from __future__ import annotations
 import json, math
@@ -45,6 +48,30 @@ def _spans(y: np.ndarray, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray, val:
   old = y[r, cols].astype(np.float64)
   y[r, cols] = _u8(old + cov * (val[idx] - old))
 
+def _ranges(rows: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """(row, column) of every column in [lo, hi) of each given row (lo <= hi, integers)."""
+  n = hi - lo
+  idx = np.repeat(np.arange(len(n)), n)
+  return rows[idx], lo[idx] + np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
+
+class _Grass:
+  """A background whose columns left of `left` and from `right` on are grass, per row from row0 on, kept up to date
+  by rewriting only the pixels that change sides. road and grass: (h, w) or (h, w, channels) uint8 backgrounds."""
+  def __init__(self, road: np.ndarray, grass: np.ndarray, row0: int):
+    self.road, self.grass, self.row0, self.out = road, grass, row0, road.copy()
+    n, w = road.shape[0] - row0, road.shape[1]
+    self.left, self.right = np.zeros(n, np.int64), np.full(n, w, np.int64)
+
+  def update(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    rows = np.arange(len(left))
+    r, c = zip(*(_ranges(rows, np.minimum(a, b), np.maximum(a, b)) for a, b in ((self.left, left), (self.right, right))))
+    r, c = np.concatenate(r), np.concatenate(c)
+    off = ((c < left[r]) | (c >= right[r])).reshape(-1, *(1,) * (self.out.ndim - 2))
+    r = r + self.row0
+    self.out[r, c] = np.where(off, self.grass[r, c], self.road[r, c])
+    self.left, self.right = left, right
+    return self.out
+
 def _window(plane: np.ndarray, scale: int, x0: float, x1: float, y0: float, y1: float):
   """The part of a plane (sampled every `scale` camera pixels) around the camera-pixel box [x0, x1] x [y0, y1]:
   (slices into the plane, camera-pixel coordinates of its columns' and rows' sample centres)."""
@@ -71,10 +98,12 @@ class SceneRenderer:
     """Write frame `frame` into `out` (a flat uint8 buffer of self.layout; allocated when None) and return it."""
     if frame < 0: raise ValueError(f"frame: expected >= 0, got {frame}")
     if out is None: out = np.zeros(self.layout.size, dtype=np.uint8)
-    y, u, v = self.layout.planes(out)
+    y, _, _ = self.layout.planes(out)
+    l = self.layout
+    uv = out[l.uv_offset:l.uv_offset + l.stride * (l.height // 2)].reshape(l.height // 2, l.stride)[:, :l.width].reshape(l.height // 2, -1, 2)
     t = self.scene.time(frame)
     k = int(np.random.default_rng([self.scene.seed, frame]).integers(N_NOISE))
-    (self._render_driver if self.camera == 'driver' else self._render_road)(t, k, y, u, v)
+    (self._render_driver if self.camera == 'driver' else self._render_road)(t, k, y, uv)
     b = self.scene.lighting['brightness'](t)
     if b != 1.0: y[...] = _u8(np.arange(256) * b)[y]
     return out
@@ -101,18 +130,17 @@ class SceneRenderer:
     cls_uv = classes(np.arange(w // 2) * 2 + 0.5, np.arange(h // 2) * 2 + 0.5)
     def plane(cl, surfaces, ch): return np.array([s[ch] for s in surfaces], np.float32)[cl]
     tex = _texture(rng, h, w) * (cls == 2)
-    self.bg_road, self.bg_grass = self._backgrounds(rng, [plane(cls, (SKY, HAZE, ASPHALT), 0), plane(cls, (SKY, HAZE, GRASS), 0)], tex)
-    self.uv_road = [_u8(plane(cls_uv, (SKY, HAZE, ASPHALT), ch)) for ch in (1, 2)]
-    self.uv_grass = [_u8(plane(cls_uv, (SKY, HAZE, GRASS), ch)) for ch in (1, 2)]
     ground_rows = np.nonzero((cls == 2).any(1))[0]
     self.row0 = int(ground_rows[0]) if len(ground_rows) else h
     self.row0_uv = self.row0 // 2
+    bg_road, bg_grass = self._backgrounds(rng, [plane(cls, (SKY, HAZE, ASPHALT), 0), plane(cls, (SKY, HAZE, GRASS), 0)], tex)
+    self.bg_y = [_Grass(r, g, self.row0) for r, g in zip(bg_road, bg_grass)]   # per noise variant
+    self.bg_uv = _Grass(*(_u8(np.stack([plane(cls_uv, surfaces, ch) for ch in (1, 2)], -1)) for surfaces in ((SKY, HAZE, ASPHALT), (SKY, HAZE, GRASS))),
+                        self.row0_uv)
     # per-row camera rays: ray(u) = a * u + b[:, row], in the calibrated frame
     self.a = self.Minv[:, 0]
     self.b = self.Minv[:, 1:2] * np.arange(self.row0, h)[None, :] + self.Minv[:, 2:3]
     self.b_uv = self.Minv[:, 1:2] * (np.arange(self.row0_uv, h // 2) * 2 + 0.5)[None, :] + self.Minv[:, 2:3]
-    self.cols = np.arange(w)[None, :]
-    self.cols_uv = np.arange(w // 2)[None, :] * 2 + 0.5
 
   def _cross(self, b: np.ndarray, yk: np.ndarray, c: float) -> tuple[np.ndarray, np.ndarray]:
     """For each lateral offset yk (L,) and each row (rays a*u + b[:, row]), the column u where the row meets the
@@ -134,37 +162,38 @@ class SceneRenderer:
         best_u, best_x = np.where(ok, u, best_u), np.where(ok, x, best_x)
     return best_u, np.where(np.isfinite(best_u), best_x, np.nan)
 
-  def _render_road(self, t: float, k: int, y: np.ndarray, u: np.ndarray, v: np.ndarray):
+  def _render_road(self, t: float, k: int, y: np.ndarray, uv: np.ndarray):
     sc, r = self.scene, self.scene.road
     w_lane, off, c = r['lane_width'](t), r['ego_offset'](t), r['curvature'](t)
     ks = np.array(sc.line_k(), dtype=np.float64)
     lines_y = (ks - 0.5) * w_lane - off
     edges = np.array([lines_y[0] - r['shoulder'], lines_y[-1] + r['shoulder']])
-    y[...] = self.bg_road[k]
-    u[...], v[...] = self.uv_road
-    # grass beyond the road edges, row by row (the two backgrounds differ only on the ground)
-    for planes, grass, b, cols, r0 in (((y,), (self.bg_grass[k],), self.b, self.cols, self.row0),
-                                       ((u, v), self.uv_grass, self.b_uv, self.cols_uv, self.row0_uv)):
+    # grass beyond the road edges, row by row: pixel columns (Y: at x = c; UV: at x = 2c + 0.5) left of the left edge
+    # or right of the right one (none where a row does not meet the edge)
+    for out, bg, b, scale, offset in ((y, self.bg_y[k], self.b, 1, 0.0), (uv, self.bg_uv, self.b_uv, 2, 0.5)):
       (el, er), _ = self._cross(b, edges, c)
-      off_road = (cols < np.nan_to_num(el, nan=-np.inf)[:, None]) | (cols > np.nan_to_num(er, nan=np.inf)[:, None])
-      for p, g in zip(planes, grass): np.copyto(p[r0:], g[r0:], where=off_road)
+      w = out.shape[1]
+      left = np.clip(np.ceil((np.nan_to_num(el, nan=-np.inf) - offset) / scale), 0, w).astype(np.int64)
+      right = np.clip(np.floor((np.nan_to_num(er, nan=np.inf) - offset) / scale) + 1, 0, w).astype(np.int64)
+      out[...] = bg.update(left, right)
+    u, v = uv[..., 0], uv[..., 1]
     # paint: each line's borders where they cross the top, middle and bottom of each row (the union, so a line
     # nearly parallel to the rows stays connected), dashes by the distance at the line's centre
     s = r['speed'].integral(t)
     half = np.array([ln['width'] / 2 for ln in sc.lines()])
-    for plane_set, b, r0, uv in (((y,), self.b, self.row0, False), ((u, v), self.b_uv, self.row0_uv, True)):
+    for plane_set, b, r0, chroma in (((y,), self.b, self.row0, False), ((u, v), self.b_uv, self.row0_uv, True)):
       _, xc = self._cross(b, lines_y, c)
-      dv = self.Minv[:, 1:2] * (1.0 if uv else 0.5)
+      dv = self.Minv[:, 1:2] * (1.0 if chroma else 0.5)
       ends = [self._cross(bb, lines_y + sgn * half, c)[0] for bb in (b - dv, b, b + dv) for sgn in (-1, 1)]
       lo, hi = np.fmin.reduce(ends), np.fmax.reduce(ends)
-      if uv: lo, hi = (lo - 0.5) / 2, (hi - 0.5) / 2
+      if chroma: lo, hi = (lo - 0.5) / 2, (hi - 0.5) / 2
       for i, ln in enumerate(sc.lines()):
-        if uv and ln['color'] == 'white': continue   # white paint is neutral, like the asphalt under it
+        if chroma and ln['color'] == 'white': continue   # white paint is neutral, like the asphalt under it
         on = np.isfinite(xc[i]) & (xc[i] < X_MAX) & (hi[i] >= -0.5) & (lo[i] <= plane_set[0].shape[1] - 0.5)
         if ln['dashed']: on &= np.nan_to_num(xc[i] + s) % (ln['dash_length'] + ln['dash_gap']) < ln['dash_length']
         rows = np.nonzero(on)[0]
         for ch, p in enumerate(plane_set):
-          _spans(p, rows + r0, lo[i][rows], hi[i][rows], np.full(len(rows), float(PAINT[ln['color']][ch + uv])))
+          _spans(p, rows + r0, lo[i][rows], hi[i][rows], np.full(len(rows), float(PAINT[ln['color']][ch + chroma])))
     self._draw_lead(t, y, u, v)
 
   def _draw_lead(self, t: float, y: np.ndarray, u: np.ndarray, v: np.ndarray):
@@ -189,10 +218,12 @@ class SceneRenderer:
   def _init_driver(self, rng: np.random.Generator):
     h, w = self.cam.height, self.cam.width
     self.bg_cabin, = self._backgrounds(rng, [np.full((h, w), CABIN[0], np.float32)], _texture(rng, h, w))
+    self.uv_cabin = np.full((h // 2, w // 2, 2), CABIN[1:], np.uint8)
 
-  def _render_driver(self, t: float, k: int, y: np.ndarray, u: np.ndarray, v: np.ndarray):
+  def _render_driver(self, t: float, k: int, y: np.ndarray, uv: np.ndarray):
     y[...] = self.bg_cabin[k]
-    u[...], v[...] = CABIN[1], CABIN[2]
+    uv[...] = self.uv_cabin
+    u, v = uv[..., 0], uv[..., 1]
     d, f = self.scene.driver, self.scene.driver['face']
     if not f['present'](t): return
     W, H = self.cam.width, self.cam.height

@@ -8,12 +8,13 @@ and replays bit-identically) and only then writes DIR/<family>/ atomically. A bu
 sources, contract, options, layouts and tinygrad/target versions: an unchanged build is skipped.
 """
 from __future__ import annotations
-import argparse, hashlib, json, os, pathlib, sys
+import argparse, contextlib, hashlib, json, os, pathlib, sys, time
 from dataclasses import dataclass
 from typing import Callable
 import numpy as np
 from tinygrad import Tensor, TinyJit, Device, dtypes
 from tinygrad.helpers import Context
+from tinygrad.uop.ops import Ops
 from msgq.visionipc.layout import NV12Layout
 from modelrt.constants import MODEL_WIDTH, MODEL_HEIGHT, DM_WIDTH, DM_HEIGHT
 from modelrt.modeldef import ModelDef
@@ -31,9 +32,8 @@ class ValidationError(RuntimeError):
 def road_warp_fn(layout: NV12Layout, device: str) -> Callable:
   from modelrt.warp import road_warp, update_img_queue
   def warp(queue: Tensor, frame: Tensor, transform: Tensor) -> Tensor:
-    new_queue, img = update_img_queue(queue, road_warp(frame.to(device), transform.to(device), layout))
-    img = img.contiguous()
-    Tensor.realize(queue.assign(new_queue), img)
+    img = update_img_queue(queue, road_warp(frame.to(device), transform.to(device), layout))
+    Tensor.realize(queue, img)
     return img
   return warp
 
@@ -187,18 +187,47 @@ def build_family(out: str | os.PathLike, family: str, models: dict[str, ModelDef
   for k in artifact.MODELS[family]: jobs.append((k, model_fn(models[k], device), model_plans(models[k], DEVICE_INPUTS[k]), None))
 
   def build(tmp: pathlib.Path) -> dict:
-    jits = {}
-    with tqdm(total=len(jobs), desc=family, file=sys.stderr, disable=not progress) as bar:
+    jits, t0 = {}, time.monotonic()
+    with tqdm(total=len(jobs), desc=family, file=sys.stderr, disable=not progress) as bar, \
+         (beam_progress(family, beam, count_kernels(jobs, device)) if beam and progress else contextlib.nullcontext()):
       for i, (name, fn, plans, tsize) in enumerate(jobs):
         bar.set_description(f"{family}: capture+validate {name}")
         jits[name] = build_jit(name, fn, plans, device, tmp, seed=i, transform_size=tsize)
         bar.update()
-    return {**key, 'build_id': build_id, 'command': command, 'jits': jits,
+    return {**key, 'build_id': build_id, 'build_seconds': round(time.monotonic() - t0, 1), 'command': command, 'jits': jits,
             'output_slices': {k: {n: [s.start, s.stop] for n, s in models[k].output_slices.items()} for k in artifact.MODELS[family]}}
   try:
     with Context(BEAM=beam):
       return write_artifact(out, family, build), True
   finally: terminate_worker_pool()   # the compile worker processes must not outlive the build
+
+def count_kernels(jobs: list, device: str) -> int:
+  """How many kernels the jobs' JITs run: each one captured without BEAM (what a build does anyway, minus the search)."""
+  n = 0
+  with Context(BEAM=0):
+    for name, fn, plans, tsize in jobs:
+      feed, state, jit = Feed(plans, device, np.random.default_rng(0), tsize), new_state(plans, device), TinyJit(fn, prune=True)
+      for _ in range(2): jit(**feed.tensors, **state)
+      n += len({c.src[0].key for c in jit.captured._linear.src if c.src[0].op is Ops.PROGRAM})
+  return n
+
+@contextlib.contextmanager
+def beam_progress(family: str, beam: int, kernels: int):
+  """A bar with an ETA over the BEAM searches (minutes, where a build without them takes seconds): tinygrad looks up
+  codegen.opt.search.beam_search at every kernel it optimizes, so a counting wrapper sees each one finish (a cached
+  search finishes at once)."""
+  from tqdm import tqdm
+  from tinygrad.codegen.opt import search
+  real = search.beam_search
+  with tqdm(total=kernels, desc=f"{family}: BEAM={beam} kernel search", unit='kernel', file=sys.stderr) as bar:
+    def counted(*args, **kwargs):
+      try: return real(*args, **kwargs)
+      finally:
+        bar.total = max(bar.total, bar.n + 1)
+        bar.update()
+    search.beam_search = counted
+    try: yield
+    finally: search.beam_search = real
 
 def main(argv: list[str] | None = None) -> int:
   ap = argparse.ArgumentParser(prog='modeld-compile', formatter_class=argparse.RawDescriptionHelpFormatter, description=__doc__, epilog="""
@@ -225,7 +254,8 @@ CACHEDB=path moves tinygrad's compile cache.""".format(contracts=', '.join(sorte
                        "WxH:stride:uv_offset:size (bytes); each gets its own warp JIT")
   ap.add_argument('--out', required=True, type=pathlib.Path, help="artifact directory (DIR/road, DIR/dm are replaced atomically)")
   ap.add_argument('--device', help=f"tinygrad device to compile for (default: {Device.DEFAULT}, from DEV=)")
-  ap.add_argument('--beam', type=int, default=0, metavar='N', help="BEAM kernel search width: slower build, faster replay (default 0: off)")
+  ap.add_argument('--beam', type=int, default=0, metavar='N', help="BEAM kernel search width: slower build (minutes; a bar shows the "
+                  "searches with an ETA, and tinygrad caches them per machine), faster replay (default 0: off)")
   ap.add_argument('--force', action='store_true', help="rebuild even when an identical build is already there")
   ap.add_argument('--quiet', action='store_true', help="no progress bar")
   args = ap.parse_args(argv)

@@ -12,6 +12,7 @@ import numpy as np
 from tinygrad import Tensor
 from tinygrad.dtype import DType, _to_np_dtype, _from_np_dtype
 from tinygrad.uop.ops import Ops, buffers
+from modelrt.dispatch import HostReplay
 
 # clang's CPU kernels need 16-byte aligned pointers (misaligned ones segfault); a from_blob buffer gets a cache line
 ALIGN = 64
@@ -60,9 +61,10 @@ def check_input(spec: TensorSpec, t) -> None:
 class GuardedJit:
   """A loaded captured JIT with the input specs it was captured for. `replay` checks and returns the JIT's own output
   Tensor (valid until the next replay: for chaining on the device); calling it checks, replays and returns a fresh
-  flat numpy copy of the output."""
+  flat numpy copy of the output. Replays run through `dispatch` (modelrt.dispatch.HostReplay: the JIT's own kernels,
+  launched without tinygrad's per-call overhead); `jit` is the loaded TinyJit."""
   def __init__(self, name: str, jit, inputs: list[TensorSpec]):
-    self.name, self.jit, self.inputs = name, jit, {s.name: s for s in inputs}
+    self.name, self.jit, self.dispatch, self.inputs = name, jit, HostReplay(jit), {s.name: s for s in inputs}
     ret = jit.captured.ret
     self._out = None if ret is None else (_buffer_of(ret), _to_np_dtype(ret.dtype))
 
@@ -73,7 +75,7 @@ class GuardedJit:
 
   def replay(self, **inputs: Tensor) -> Tensor | None:
     self.check(inputs)
-    return self.jit(**inputs)
+    return self.dispatch(**inputs)
 
   def __call__(self, **inputs: Tensor) -> np.ndarray:
     self.replay(**inputs)

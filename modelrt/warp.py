@@ -10,8 +10,8 @@ Conventions, shared with the numpy references:
   model chroma pixel (u, v) to half of where M sends model Y pixel (2u, 2v). The kernels use that second form; it
   is bit-identical in float32 because scaling by 2 or 1/2 is exact.
 - samples outside the camera image are clamped to its edge, like openpilot's warps (the models were trained on
-  edge-replicated borders), which also keeps every read inside the buffer's Y or UV rows. tinygrad's gather
-  additionally masks any index outside the tensor (a NaN transform reads zeros, never out of bounds).
+  edge-replicated borders), which also keeps every read inside the buffer's Y or UV rows. The clamp sends NaN to
+  the first row or column, so a NaN transform reads pixel (0, 0), never out of bounds.
 """
 import numpy as np
 from tinygrad import Tensor, dtypes
@@ -32,7 +32,12 @@ def _check(frame: Tensor, M: Tensor, layout: NV12Layout) -> Tensor:
 def _nearest(M: Tensor, xs: Tensor, ys: Tensor, w: int, h: int, scale: float = 1.0) -> tuple[Tensor, Tensor]:
   """Column and row (int32, clamped to w x h) of the nearest camera pixel to scale * M @ (xs, ys, 1)."""
   d = M[2, 0] * xs + M[2, 1] * ys + M[2, 2]
-  def nn(num: Tensor, n: int) -> Tensor: return (num / d * scale + 0.5).floor().clip(0, n - 1).cast(dtypes.int32)
+  def nn(num: Tensor, n: int) -> Tensor:
+    # floor(c + 0.5) clamped to [0, n-1] is the truncation of c + 0.5 clamped to [0, n - 0.5] (NaN fails `> 0`: 0).
+    # The int clamp after it changes no value; it gives tinygrad the index's range, so the gather's loads lose
+    # their bounds masks and the kernel vectorizes (4x faster here)
+    c = num / d * scale + 0.5
+    return (c > 0).where(c, 0).minimum(n - 0.5).cast(dtypes.int32).maximum(0).minimum(n - 1)
   return nn(M[0, 0] * xs + M[0, 1] * ys + M[0, 2], w), nn(M[1, 0] * xs + M[1, 1] * ys + M[1, 2], h)
 
 def _gather(frame: Tensor, idx: Tensor) -> Tensor:
@@ -59,15 +64,17 @@ def dm_warp(frame: Tensor, M: Tensor, layout: NV12Layout) -> Tensor:
   cx, cy = _nearest(M, *_grid(DM_WIDTH, DM_HEIGHT), layout.width, layout.height)
   return _gather(frame, cy * layout.stride + cx).reshape(1, DM_WIDTH * DM_HEIGHT)
 
-def update_img_queue(queue: Tensor, packed: Tensor) -> tuple[Tensor, Tensor]:
-  """queue (1, IMG_QUEUE_LEN*6, 128, 256) uint8, oldest frame first; packed (6, 128, 256), the newest frame.
-  Returns (new queue, model input (1, 12, 128, 256) = [the frame IMG_QUEUE_LEN-1 = 4 earlier, the newest]), older
-  first as in openpilot. The caller assigns the new queue to its state (queue.assign(new_queue))."""
+def update_img_queue(queue: Tensor, packed: Tensor) -> Tensor:
+  """queue (1, IMG_QUEUE_LEN*6, 128, 256) uint8, oldest frame first, a realized buffer; packed (6, 128, 256), the
+  newest frame. Shifts the queue in place (assigns: realize it with the result) and returns the model input
+  (1, 12, 128, 256) = [the frame IMG_QUEUE_LEN-1 = 4 earlier, the newest], older first as in openpilot."""
   if queue.shape != (1, IMG_QUEUE_LEN * IMG_CHANNELS, *PACKED_SHAPE[1:]) or packed.shape != PACKED_SHAPE:
     raise ValueError(f"image queue: expected {(1, IMG_QUEUE_LEN * IMG_CHANNELS, *PACKED_SHAPE[1:])} and frame {PACKED_SHAPE}, got {queue.shape} and {packed.shape}")
-  # contiguous: the shifted queue is written to a new buffer, not over the one it reads
-  new = queue[:, IMG_CHANNELS:].cat(packed.unsqueeze(0), dim=1).contiguous()
-  return new, new[:, :IMG_CHANNELS].cat(new[:, -IMG_CHANNELS:], dim=1)
+  # plain copies of whole slices: a cat of two buffers is one kernel that picks its source per byte (4x slower here).
+  # clone, not contiguous: contiguous of a slice is a view of the queue, and the shift would read what it overwrites
+  queue[:, :-IMG_CHANNELS].assign(queue[:, IMG_CHANNELS:].clone())
+  queue[:, -IMG_CHANNELS:].assign(packed.unsqueeze(0))
+  return queue[:, :IMG_CHANNELS].cat(queue[:, -IMG_CHANNELS:], dim=1).contiguous()
 
 # numpy references: the same mapping written plainly, for tests and for tools that warp without tinygrad
 

@@ -160,6 +160,8 @@ def test_daemon_uses_calibration(road):
   errs = {}
   try:
     road.daemon.wait_line(r"connected to 'camerad'", timeout=10, start=start)   # frames sent before would be lost
+    # and calibrations sent before the daemon subscribed to this new publisher (it re-tries every 0.5 s at most)
+    assert pm.wait_for_readers_to_update('liveCalibration', 10)
     for phase, rpy in (('right', sc.calib), ('zero', (0., 0., 0.))):
       for k in range(2 * WARMUP):
         f = (1 if phase == 'right' else 1 + 2 * WARMUP) + k   # frame id (timestampSof f * 50 ms: modeld's sync skips 0)

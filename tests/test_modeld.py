@@ -336,10 +336,12 @@ def test_daemon_torn_frames_are_never_valid(artifacts):
     msg.liveCalibration.rpyCalib = [0., 0.02, 0.]
     pm.send('liveCalibration', msg)
     n = _valid_after(cam, col, 1, True)
-    for n in range(n, n + 200, 2):
+    for i, n in enumerate(range(n, n + 200, 2)):
       start = len(d.lines)
       cam.send(n)
-      time.sleep(0.004)   # the daemon is in the model run by now (or not yet: then frame n is conflated away)
+      # rewrite the buffer while the daemon runs the model on it: the run takes a few ms, so try delays from 0 to 4 ms
+      # (too early: frame n is conflated away; too late: the run has ended)
+      time.sleep(0.0005 * (i % 9))
       cam.send(n + 1)
       try:
         d.wait_line(rf'frame {n} torn', timeout=0.3, start=start)

@@ -103,6 +103,14 @@ def test_deterministic_and_seeded():
   other = SceneRenderer(parse_scene({**SMALL, 'seed': 8}), 'road', a.layout)
   assert not np.array_equal(a.render(3), other.render(3))
 
+@pytest.mark.parametrize('camera', ['road', 'wide'])
+def test_frames_do_not_depend_on_the_frames_rendered_before(camera):
+  # the renderer keeps the grass of its backgrounds between frames and rewrites only the pixels whose side of a road
+  # edge changed: in any order, frame n is the same (a lane change moves the edges every frame)
+  r, again = renderer('lane_change', camera), renderer('lane_change', camera)
+  frames = {i: r.render(i).copy() for i in range(0, 60, 6)}
+  for i in (54, 0, 30, 30, 6, 48, 12): assert np.array_equal(again.render(i), frames[i]), f"frame {i}"
+
 @pytest.mark.parametrize('camera', ['road', 'wide', 'driver'])
 def test_padded_layout_same_pixels_padding_untouched(camera):
   packed = renderer('small', camera)

@@ -141,9 +141,9 @@ def test_jit_replay_follows_transform_frame_and_queue():
   queue = Tensor.zeros(1, IMG_QUEUE_LEN * IMG_CHANNELS, *PACKED_SHAPE[1:], dtype='uint8').contiguous().realize()
   @TinyJit
   def step(frame: Tensor, M: Tensor) -> Tensor:
-    new_queue, img = update_img_queue(queue, road_warp(frame, M, layout))
-    queue.assign(new_queue).realize()
-    return img.realize()
+    img = update_img_queue(queue, road_warp(frame, M, layout))
+    Tensor.realize(queue, img)
+    return img
   # camera memory as the daemons see it: one mapping, rewritten per frame, under a zero-copy tensor
   cambuf = make_frame(layout)
   frame = Tensor.from_blob(cambuf.ctypes.data, (layout.size,), dtype=dtypes.uint8, device='CPU')

@@ -1,0 +1,69 @@
+"""Replay of a captured JIT with its CPU kernel launches bound once.
+
+tinygrad's replay sends every call of the JIT through its exec pattern matcher each frame: resolving the buffers,
+looking up the compiled program, building ctypes arguments. On the CPU device that is 15-20 us of Python per kernel
+here, 3 ms of the reference vision model's 7 (147 kernels). HostReplay does that work once, at load: each kernel
+becomes its compiled function with a prebuilt argument list (the fixed buffers' addresses, its thread index), and a
+replay only writes the input buffers' addresses into those lists and calls the functions in the JIT's order. Calls
+that are not CPU kernels (the copies of host inputs to the device) still run through tinygrad's exec path.
+The kernels, buffers, launches and their order are the captured JIT's own, so the outputs are bit-identical
+(modeld-compile replays every artifact it writes through this and compares).
+"""
+from __future__ import annotations
+import ctypes
+from tinygrad import Tensor
+from tinygrad.engine.jit import JitError, _copy_input, _prepare_jit_inputs
+from tinygrad.engine.realize import ExecContext, get_call_arg_uops, get_runtime, pm_exec
+from tinygrad.helpers import disable_gc
+from tinygrad.uop.ops import Ops, UOp
+
+class _Launch:
+  """One CPU kernel: its function, one argument tuple per thread index, and which arguments are JIT inputs."""
+  def __init__(self, call: UOp):
+    ast, args = call.src[0], get_call_arg_uops(call)
+    rt = get_runtime('CPU', ast)
+    self.fxn = rt.fxn
+    self.args = [ctypes.c_uint64(0 if b.op is Ops.PARAM else b.buffer.ensure_allocated().get_buf('CPU').va_addr)
+                 for b in (args[i] for i in ast.arg.globals)]
+    self.args += [ctypes.c_uint64(v or 0) for v in ast.arg.vals({})]
+    self.inputs = [(self.args[j], args[i].arg.slot) for j, i in enumerate(ast.arg.globals) if args[i].op is Ops.PARAM]
+    (threads, *_), _ = ast.arg.launch_dims({})
+    core = rt.runtimevars.get('core_id')
+    self.launches = [tuple(ctypes.c_uint64(t) if j == core else a for j, a in enumerate(self.args)) for t in range(threads)] \
+      if core is not None else [tuple(self.args)] * threads
+
+  def __call__(self, addrs: list[int]) -> None:
+    for a, slot in self.inputs: a.value = addrs[slot]
+    for args in self.launches: self.fxn(*args)
+
+def _bindable(call: UOp) -> bool:
+  """A kernel on the CPU device (clang or LLVM code), its only variable the thread index, each argument an input or
+  a fixed buffer (no view of an input)."""
+  ast = call.src[0]
+  if ast.op is not Ops.PROGRAM or call.src[1].device != 'CPU' or any(v.expr != 'core_id' for v in ast.arg.vars): return False
+  args = get_call_arg_uops(call)
+  if any(b.op is not Ops.PARAM and any(x.op is Ops.PARAM for x in b.toposort()) for b in (args[i] for i in ast.arg.globals)): return False
+  return not get_runtime('CPU', ast).lvp
+
+class HostReplay:
+  """A captured TinyJit whose CPU kernels launch without tinygrad's per-call exec path. Called like the JIT (keyword
+  Tensor inputs, returns the captured output Tensor). The launches are bound at the first call, so the JIT is not
+  linked (`captured.linear`) before its first replay, as with tinygrad's own; a JIT with no CPU kernel replays as is."""
+  def __init__(self, jit):
+    self.jit, self.steps = jit, None
+
+  @disable_gc()
+  def __call__(self, **inputs: Tensor):
+    cap = self.jit.captured
+    if self.steps is None: self.steps = [_Launch(c) if _bindable(c) else c for c in cap.linear.src]
+    if not any(isinstance(s, _Launch) for s in self.steps): return self.jit(**inputs)
+    input_uops, var_vals, names, info = _prepare_jit_inputs((), inputs)
+    if names != cap.expected_names or info != cap.expected_input_info:
+      raise JitError(f"args mismatch in JIT: expected {cap.expected_names} {cap.expected_input_info}, got {names} {info}")
+    input_uops = [_copy_input(u) if u in cap._written_uops else u for u in input_uops]
+    addrs = [u.buffer.get_buf('CPU').va_addr if u.buffer.device == 'CPU' else 0 for u in input_uops]
+    ctx = None
+    for s in self.steps:
+      if isinstance(s, _Launch): s(addrs)
+      else: pm_exec.rewrite(s, ctx := ctx or ExecContext(var_vals, tuple(input_uops), update_stats=False, jit=True))
+    return cap.ret

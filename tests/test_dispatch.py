@@ -1,0 +1,32 @@
+"""HostReplay: the captured JIT's own kernels launched with bound arguments give the JIT's outputs bit for bit."""
+import os
+os.environ.setdefault('DEV', 'CPU')
+import numpy as np
+from tinygrad import Tensor, TinyJit
+from modelrt.dispatch import HostReplay
+from modelrt.runner import aligned_empty, camera_tensor, host_tensor
+
+def test_host_replay_matches_the_jit_with_changing_pointers_and_host_inputs():
+  # a camera-like from_blob input (a new pointer each frame), a host (NPY) input written in place, device state the
+  # JIT updates in place, a multi-kernel body with a reduction
+  state = Tensor.zeros(64).contiguous().realize()
+  def fn(frame: Tensor, scale: Tensor, state: Tensor) -> Tensor:
+    x = frame.to('CPU').cast('float32').reshape(64, 16).sum(1) * scale.to('CPU')[0]
+    state.assign(state * 0.5 + x).realize()
+    return (state + x.max()).contiguous().realize()
+  jit, twin = TinyJit(fn), TinyJit(fn)
+  scale = np.ones(1, np.float32)
+  bufs = [aligned_empty(1024) for _ in range(3)]
+  twin_state = Tensor.zeros(64).contiguous().realize()
+  replay = None
+  for i in range(8):
+    b = bufs[i % 3]
+    b[:] = np.random.default_rng(i).integers(0, 256, 1024, dtype=np.uint8)
+    scale[0] = 1 + i
+    want = jit(frame=camera_tensor(b.ctypes.data, b.nbytes), scale=host_tensor(scale), state=state).numpy()
+    if twin.captured is None: got = twin(frame=camera_tensor(b.ctypes.data, b.nbytes), scale=host_tensor(scale), state=twin_state).numpy()
+    else:
+      replay = replay or HostReplay(twin)
+      got = replay(frame=camera_tensor(b.ctypes.data, b.nbytes), scale=host_tensor(scale), state=twin_state).numpy()
+    np.testing.assert_array_equal(got, want)
+  assert replay is not None and any(type(s).__name__ == '_Launch' for s in replay.steps)
