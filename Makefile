@@ -6,13 +6,14 @@ setup:
 	@scripts/setup.sh
 
 test: setup
+	.venv/bin/ruff check .
 	$(PY) -m pytest -q
 
 demo: setup
 	.venv/bin/modeld-demo
 
 bench: setup
-	for b in bench/*.py; do $(PY) $$b || exit 1; done
+	for b in $$(grep -l "__main__" bench/*.py); do $(PY) $$b || exit 1; done   # bench/routes.py is shared code, not a benchmark
 
 # the fault battery's long runs (docs/RELIABILITY.md): 10 minutes, then a table; make soak SOAK_ARGS="--minutes 3"
 soak: setup

@@ -114,8 +114,8 @@ def small_models() -> None:
     dev = Device[runner.artifact.manifest['target']['device']]
     frame = runner.cameras.get(bufs[0], layout)
     cases = {'warp': (runner.warps['img'], {'queue': runner.queues['img'], 'frame': frame, 'transform': runner.transforms['img'][1]})}
-    cases['vision'] = (runner.vision, {'img': runner.warps['img'].replay(**cases['warp'][1]),
-                                       'big_img': runner.warps['big_img'].replay(queue=runner.queues['big_img'], frame=frame, transform=runner.transforms['big_img'][1])})
+    big = {'queue': runner.queues['big_img'], 'frame': frame, 'transform': runner.transforms['big_img'][1]}
+    cases['vision'] = (runner.vision, {'img': runner.warps['img'].replay(**cases['warp'][1]), 'big_img': runner.warps['big_img'].replay(**big)})
     cases['policy'] = (runner.policy, {'features_buffer': runner.features_buffer[1], 'desire_pulse': runner.desire_pulse[1],
                                        'traffic_convention': runner.traffic_convention[1]})
     med = {}
@@ -133,7 +133,7 @@ def small_models() -> None:
     for name in ('vision', 'policy'):
       sess = ort_session(onnx[name])
       feed = random_feed(sess, rng)
-      ts = interleaved({name: lambda: sess.run(None, feed)}, blocks=4)[name]
+      ts = interleaved({name: lambda sess=sess, feed=feed: sess.run(None, feed)}, blocks=4)[name]
       print(f"onnxruntime 1 thread {name}: p50 {ms(pct(ts, 50))}")
       t_ort += pct(ts, 50)
     print(f"tinygrad/onnxruntime (small test models: vision + policy, guarded, 1 core): {(med['vision'][1] + med['policy'][1]) / t_ort:.2f}")
@@ -281,7 +281,8 @@ def realsize(beam: int) -> None:
       inputs = {k: Tensor(v, device=g.inputs[k].device).realize() for k, v in feed.items()}
       want = sess.run(None, feed)[0][0]   # the same computation: outputs agree to float32 summation order
       np.testing.assert_allclose(g(**inputs), want, rtol=1e-3, atol=1e-3 * np.abs(want).max())
-      ts = interleaved({'tinygrad': lambda: g(**inputs), 'onnxruntime': lambda: sess.run(None, feed)}, blocks=4, per_block=5)
+      ts = interleaved({'tinygrad': lambda g=g, inputs=inputs: g(**inputs), 'onnxruntime': lambda sess=sess, feed=feed: sess.run(None, feed)},
+                       blocks=4, per_block=5)
       ratio = pct(ts['tinygrad'], 50) / pct(ts['onnxruntime'], 50)
       results[b] = (g, inputs, ratio)
       print(f"real-size {model} BEAM={b} ({took}): guarded replay p50 {ms(pct(ts['tinygrad'], 50))}, p99 {ms(pct(ts['tinygrad'], 99))}; "

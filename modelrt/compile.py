@@ -10,7 +10,7 @@ sources, contract, options, layouts and tinygrad/target versions: an unchanged b
 from __future__ import annotations
 import argparse, contextlib, hashlib, json, os, pathlib, sys, time
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 import numpy as np
 from tinygrad import Tensor, TinyJit, Device, dtypes
 from tinygrad.helpers import Context
@@ -205,7 +205,7 @@ def count_kernels(jobs: list, device: str) -> int:
   """How many kernels the jobs' JITs run: each one captured without BEAM (what a build does anyway, minus the search)."""
   n = 0
   with Context(BEAM=0):
-    for name, fn, plans, tsize in jobs:
+    for _, fn, plans, tsize in jobs:
       feed, state, jit = Feed(plans, device, np.random.default_rng(0), tsize), new_state(plans, device), TinyJit(fn, prune=True)
       for _ in range(2): jit(**feed.tensors, **state)
       n += len({c.src[0].key for c in jit.captured._linear.src if c.src[0].op is Ops.PROGRAM})

@@ -6,7 +6,7 @@ is a new value at the next replay, never a re-capture. The buffer layout (NV12La
 Conventions, shared with the numpy references:
 - pixel (i, j) sits at coordinate (x=i, y=j); nearest neighbour is floor(c + 0.5) (ties round up).
 - U, V: chroma sample (u, v) sits at Y coordinate (2u, 2v) in both frames, so the UV map is
-  S @ M @ inv(S), S = diag(1/2, 1/2, 1), which is M * UV_SCALE elementwise (REFERENCE §4, openpilot's): it sends
+  S @ M @ inv(S), S = diag(1/2, 1/2, 1), which is M * UV_SCALE elementwise (openpilot's): it sends
   model chroma pixel (u, v) to half of where M sends model Y pixel (2u, 2v). The kernels use that second form; it
   is bit-identical in float32 because scaling by 2 or 1/2 is exact.
 - samples outside the camera image are clamped to its edge, like openpilot's warps (the models were trained on
@@ -69,7 +69,8 @@ def update_img_queue(queue: Tensor, packed: Tensor) -> Tensor:
   newest frame. Shifts the queue in place (assigns: realize it with the result) and returns the model input
   (1, 12, 128, 256) = [the frame IMG_QUEUE_LEN-1 = 4 earlier, the newest], older first as in openpilot."""
   if queue.shape != (1, IMG_QUEUE_LEN * IMG_CHANNELS, *PACKED_SHAPE[1:]) or packed.shape != PACKED_SHAPE:
-    raise ValueError(f"image queue: expected {(1, IMG_QUEUE_LEN * IMG_CHANNELS, *PACKED_SHAPE[1:])} and frame {PACKED_SHAPE}, got {queue.shape} and {packed.shape}")
+    raise ValueError(f"image queue: expected {(1, IMG_QUEUE_LEN * IMG_CHANNELS, *PACKED_SHAPE[1:])} and frame {PACKED_SHAPE}, "
+                     f"got {queue.shape} and {packed.shape}")
   # plain copies of whole slices: a cat of two buffers is one kernel that picks its source per byte (4x slower here).
   # clone, not contiguous: contiguous of a slice is a view of the queue, and the shift would read what it overwrites
   queue[:, :-IMG_CHANNELS].assign(queue[:, IMG_CHANNELS:].clone())

@@ -335,8 +335,8 @@ def test_daemon_torn_frames_are_never_valid(artifacts):
     msg = messaging.new_message('liveCalibration')
     msg.liveCalibration.rpyCalib = [0., 0.02, 0.]
     pm.send('liveCalibration', msg)
-    n = _valid_after(cam, col, 1, True)
-    for i, n in enumerate(range(n, n + 200, 2)):
+    first = _valid_after(cam, col, 1, True)
+    for i, n in enumerate(range(first, first + 200, 2)):
       start = len(d.lines)
       cam.send(n)
       # rewrite the buffer while the daemon runs the model on it: the run takes a few ms, so try delays from 0 to 4 ms
@@ -374,7 +374,7 @@ def test_daemon_camera_restart_with_another_layout_and_camera_set(artifacts):
       except TimeoutError: pass
     else: raise AssertionError(f"no output after the restart; stderr:\n{d.stderr()}")
     for s in OUTPUTS: col.wait(s, 6)
-    for n in range(n + 1, n + 6):
+    for n in range(n + 1, n + 6):   # noqa: B020 (continues where the restart loop stopped)
       _, (mv2, _, odo) = _run(cam, col, n)
       assert (mv2.modelV2.frameId, mv2.modelV2.frameIdExtra, odo.cameraOdometry.frameId) == (n, n, n)
     d.wait_line(r"camera server 'camerad' now serves streams \[2\] \(was \[0, 2\]\)")
