@@ -72,11 +72,15 @@ def run(args) -> int:
   local = {} if args.address else {"num_cpus": args.workers or os.cpu_count() or 1, "include_dashboard": False}
   ray.init(address=args.address, log_to_driver=False, runtime_env={"env_vars": {"DEV": device}}, **local)
   n_workers = args.workers or int(ray.cluster_resources().get("CPU", 1))
-  print(f"ray: {'joined ' + args.address if args.address else 'local'}, {n_workers} workers in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+  print(f"ray: {'joined ' + args.address if args.address else 'local'}, {n_workers} workers in {(ray_s := time.monotonic() - t0):.1f} s", file=sys.stderr)
   workers = [SegmentWorker.options(num_cpus=1, max_restarts=-1, max_task_retries=RETRIES).remote(str(args.artifacts))
              for _ in range(min(n_workers, len(todo)) or 1)]
-  pending, queue, interrupted = {}, list(todo), False
+  pending, queue, interrupted, t1 = {}, list(todo), False, None
   try:
+    try: ray.get([w.pid.remote() for w in workers])   # started, artifacts loaded: what follows is the segments' time
+    except ray.exceptions.RayError as e: sys.exit(f"modeld-batch: the workers could not start: {str(e).splitlines()[0][:300]}")
+    t1 = time.monotonic()
+    print(f"workers ready (artifacts loaded) in {t1 - t0 - ray_s:.1f} s", file=sys.stderr)
     with tqdm(total=len(jobs), initial=len(done), unit="segment", desc="modeld-batch", disable=args.quiet) as bar:
       idle = list(workers)
       while queue or pending:
@@ -99,15 +103,17 @@ def run(args) -> int:
     for w in workers: ray.kill(w, no_restart=True)
     print("modeld-batch: interrupted; complete segments are kept, --resume goes on from there", file=sys.stderr)
   finally:
+    t2 = time.monotonic()
     ray.shutdown()
     if interrupted:
       for tmp in out.glob("*/.*.tmp"): shutil.rmtree(tmp, ignore_errors=True)
-  wall = time.monotonic() - t0
-  report(summary, out, wall)
+  t1 = t1 or t2
+  report(summary, out, {"wall_s": time.monotonic() - t0, "ray_s": ray_s, "start_s": t1 - t0 - ray_s, "job_s": t2 - t1})
   return 130 if interrupted else 1 if any(s.errors for s in summary.values()) else 0
 
-def report(summary: dict[str, RouteSummary], out: Path, wall: float) -> None:
-  """The table on the terminal, and OUT/summary.json."""
+def report(summary: dict[str, RouteSummary], out: Path, times: dict[str, float]) -> None:
+  """The table on the terminal, and OUT/summary.json. times: wall_s (all of it), ray_s (Ray's start-up), start_s (the
+  workers', artifacts loaded), job_s (the segments, from the workers ready to the last result)."""
   rows = [f"{'route':40s} {'segments':>8s} {'done':>5s} {'resumed':>7s} {'failed':>6s} {'frames':>7s} {'invalid':>7s} {'lost':>5s} "
           f"{'model s':>8s} {'wall s':>7s}"]
   for s in summary.values():
@@ -115,9 +121,9 @@ def report(summary: dict[str, RouteSummary], out: Path, wall: float) -> None:
                 f"{s.model_s:8.1f} {s.wall_s:7.1f}")
     rows += [f"  failed: {e}" for e in s.errors]
   print("\n".join(rows))
-  print(f"job wall time {wall:.1f} s")
+  print(f"wall time {times['wall_s']:.1f} s: Ray {times['ray_s']:.1f} s, workers' start {times['start_s']:.1f} s, segments {times['job_s']:.1f} s")
   out.mkdir(parents=True, exist_ok=True)
-  (out / "summary.json").write_text(json.dumps({"wall_s": wall, "routes": [asdict(s) for s in summary.values()]}, indent=1))
+  (out / "summary.json").write_text(json.dumps({**times, "routes": [asdict(s) for s in summary.values()]}, indent=1))
 
 def diff(args) -> int:
   from modeld_tools.compare import compare, route_outputs, table

@@ -192,13 +192,13 @@ def whole_stack(art, layout: NV12Layout, seconds: float) -> dict:
   """camerad (the demo's scene, looping), modeld, dmonitoringd and modeld-record: latencies from each frame's
   timestampEof, frameDropPerc, frames without an output, each process's CPU share over the measured seconds."""
   import json
-  from tools.demo import DEMO_SCENE
+  from modeld_tools.demo import DEMO_SCENE
   from daemon_harness import Notify
   tmp = tempfile.TemporaryDirectory()
   (scene := pathlib.Path(tmp.name) / 'scene.json').write_text(json.dumps(DEMO_SCENE))
   sub, procs = Subscriber(['modelV2', 'driverStateV2', 'roadCameraState', 'driverCameraState']), {}
   try:
-    for name, cmd in (('record', ['tools.record', '--route', f'{tmp.name}/route']),
+    for name, cmd in (('record', ['modeld_tools.record', '--route', f'{tmp.name}/route']),
                       ('camerad', ['camerad', '--source', f'synthetic:{scene}', '--loop', '--layout', str(layout)])):
       notify = Notify()
       procs[name] = p = subprocess.Popen([sys.executable, '-m', *cmd], cwd=REPO, env={**os.environ, 'NOTIFY_SOCKET': notify.addr},

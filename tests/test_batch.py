@@ -37,7 +37,7 @@ def test_batch_equals_the_daemons_in_lockstep(routes, tiny_artifacts, tmp_path):
   assert r.returncode == 0, r.stderr
   summary = json.loads((tmp_path / "out" / "summary.json").read_text())
   assert [(s["route"], s["segments"], s["done"], s["frames"], s["errors"]) for s in summary["routes"]] == [(n, 2, 2, 16, []) for n in "abc"]
-  assert "route" in r.stdout and "job wall time" in r.stdout
+  assert "route" in r.stdout and "wall time" in r.stdout
   daemons = [Daemon(m, tiny_artifacts) for m in ("modeld", "dmonitoringd")]
   try:
     for route in routes:
