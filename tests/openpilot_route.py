@@ -1,17 +1,15 @@
 """An openpilot route made the way openpilot makes one, with openpilot's own schema (openpilot-logging's files): no
 real route is reachable offline, so tests build one. Per segment: rlog.zst (initData, then per frame carState, a
 liveCalibration every 5th frame, and each camera's FrameData + EncodeIndex) and qlog.zst, and the cameras' HEVC
-files made with PyAV from a synthetic scene's frames."""
+files (libx265 through PyAV, as modeld-record writes them) from a synthetic scene's frames."""
 from __future__ import annotations
 import subprocess, sys, time
-from fractions import Fraction
 from pathlib import Path
-import av
-import numpy as np
 import zstandard as zstd
 from camerad.render import SceneRenderer
 from camerad.scene import load_scene
 from msgq.visionipc.layout import NV12Layout
+from oproute.video import HevcWriter, picture
 import openpilot_ref as op
 from artifacts import REPO
 
@@ -37,11 +35,7 @@ def write_route(path: Path, scene_file: Path, cameras: tuple[str, ...] = ("road"
     writers = {}
     for c in cameras:
       cam = scene.cameras[c]
-      out = av.open(str(d / CAMS[c][2]), "w", format="hevc")
-      st = out.add_stream("libx265", rate=20)
-      st.width, st.height, st.pix_fmt = cam.width, cam.height, "yuv420p"
-      st.codec_context.options = {"preset": "ultrafast", "x265-params": "log-level=error:bframes=0:lossless=1"}
-      writers[c] = (out, st, SceneRenderer(scene, c, NV12Layout.packed(cam.width, cam.height)))
+      writers[c] = (HevcWriter(d / CAMS[c][2], cam.width, cam.height, lossless=True), SceneRenderer(scene, c, NV12Layout.packed(cam.width, cam.height)))
     for i in range(frames):
       n = seg * frames + i
       fid, t = first_frame_id + n, t0 + n * FRAME_NS
@@ -53,12 +47,8 @@ def write_route(path: Path, scene_file: Path, cameras: tuple[str, ...] = ("road"
         evs.append(cal)
       for c in cameras:
         state_svc, idx_svc, _ = CAMS[c]
-        out, st, r = writers[c]
-        nv12 = r.render(n % scene.n_frames)
-        frame = av.VideoFrame(st.width, st.height, "yuv420p")
-        for p, src in zip(frame.planes, r.layout.planes(nv12)): np.frombuffer(p, np.uint8).reshape(-1, p.line_size)[:src.shape[0], :src.shape[1]] = src
-        frame.pts, frame.time_base = i, Fraction(1, 20)
-        for pkt in st.encode(frame): out.mux(pkt)
+        w, r = writers[c]
+        w.write(picture(r.render(n % scene.n_frames), r.layout), fid, t, t + 5_000_000)
         s = event(state_svc, t + 10, frameId=fid, timestampSof=t, timestampEof=t + 5_000_000)
         getattr(s, state_svc).sensor = "ar0231"
         evs.append(s)
@@ -68,9 +58,7 @@ def write_route(path: Path, scene_file: Path, cameras: tuple[str, ...] = ("road"
         evs.append(e)
         encode_id[c] += 1
       if extra is not None: evs += extra(fid, t + 30)
-    for out, st, _ in writers.values():
-      for pkt in st.encode(): out.mux(pkt)
-      out.close()
+    for w, _ in writers.values(): w.close()
     dats = [(e.which(), e.to_bytes()) for e in evs]
     (d / "rlog.zst").write_bytes(zstd.ZstdCompressor(level=10).compress(b"".join(b for _, b in dats)))
     qlog = [b for w, b in dats if w in ("initData", "liveCalibration") or w.endswith("EncodeIdx")]

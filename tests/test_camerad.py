@@ -204,7 +204,7 @@ def make_video(path: Path, codec: str, n: int = 12, w: int = 160, h: int = 96, f
   c = av.open(str(path), "w", format=fmt)
   st = c.add_stream(codec, rate=20)
   st.width, st.height, st.pix_fmt = w, h, pix_fmt
-  if codec == "libx265": st.codec_context.options = {"x265-params": "log-level=error"}
+  if codec == "libx265": st.codec_context.options = {"preset": "ultrafast", "tune": "zerolatency", "x265-params": "log-level=error"}
   x = np.arange(w)[None, :] + 2 * np.arange(h)[:, None]
   for i in range(n):
     img = np.stack([(3 * x + 10 * i + phase) % 256, (x + 40 * i) % 256, (2 * x + phase) % 256], -1).astype(np.uint8)
