@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from collections.abc import Callable
 import numpy as np
 from tinygrad import Tensor, TinyJit, Device, dtypes
-from tinygrad.helpers import Context
+from tinygrad.helpers import Context, tqdm   # tinygrad's own bar: the base install has no tqdm
 from tinygrad.uop.ops import Ops
 from msgq.visionipc.layout import NV12Layout
 from modelrt.constants import MODEL_WIDTH, MODEL_HEIGHT, DM_WIDTH, DM_HEIGHT
@@ -161,7 +161,6 @@ def build_family(out: str | os.PathLike, family: str, models: dict[str, ModelDef
                  beam: int = 0, command: list[str] | None = None, force: bool = False, progress: bool = True) -> tuple[pathlib.Path, bool]:
   """Build (or find up to date) OUT/<family>. Returns (artifact dir, whether it was built). Raises ContractError (the
   models follow no known contract) or ValidationError."""
-  from tqdm import tqdm
   from tinygrad.engine.worker import terminate_worker_pool
   device = Device.canonicalize(device or Device.DEFAULT)
   if family not in artifact.MODELS or set(models) != set(artifact.MODELS[family]):
@@ -188,12 +187,12 @@ def build_family(out: str | os.PathLike, family: str, models: dict[str, ModelDef
 
   def build(tmp: pathlib.Path) -> dict:
     jits, t0 = {}, time.monotonic()
-    with tqdm(total=len(jobs), desc=family, file=sys.stderr, disable=not progress) as bar, \
+    with tqdm(total=len(jobs), desc=family, disable=not progress) as bar, \
          (beam_progress(family, beam, count_kernels(jobs, device)) if beam and progress else contextlib.nullcontext()):
       for i, (name, fn, plans, tsize) in enumerate(jobs):
         bar.set_description(f"{family}: capture+validate {name}")
         jits[name] = build_jit(name, fn, plans, device, tmp, seed=i, transform_size=tsize)
-        bar.update()
+        bar.update(1)
     return {**key, 'build_id': build_id, 'build_seconds': round(time.monotonic() - t0, 1), 'command': command, 'jits': jits,
             'output_slices': {k: {n: [s.start, s.stop] for n, s in models[k].output_slices.items()} for k in artifact.MODELS[family]}}
   try:
@@ -216,15 +215,14 @@ def beam_progress(family: str, beam: int, kernels: int):
   """A bar with an ETA over the BEAM searches (minutes, where a build without them takes seconds): tinygrad looks up
   codegen.opt.search.beam_search at every kernel it optimizes, so a counting wrapper sees each one finish (a cached
   search finishes at once)."""
-  from tqdm import tqdm
   from tinygrad.codegen.opt import search
   real = search.beam_search
-  with tqdm(total=kernels, desc=f"{family}: BEAM={beam} kernel search", unit='kernel', file=sys.stderr) as bar:
+  with tqdm(total=kernels, desc=f"{family}: BEAM={beam} kernel search", unit='kernel') as bar:
     def counted(*args, **kwargs):
       try: return real(*args, **kwargs)
       finally:
-        bar.total = max(bar.total, bar.n + 1)
-        bar.update()
+        bar.t = max(bar.t, bar.n + 1)   # its total
+        bar.update(1)
     search.beam_search = counted
     try: yield
     finally: search.beam_search = real

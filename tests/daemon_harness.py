@@ -13,7 +13,7 @@ from msgq.visionipc.layout import NV12Layout
 from artifacts import REPO
 
 FRAME_NS = 50_000_000   # 20 Hz
-BASE_INSTALL = {'tinygrad', 'capnp', 'zmq', 'numpy', 'setproctitle', 'tqdm'}   # pyproject's dependencies, by the names they import as
+BASE_INSTALL = {'tinygrad', 'capnp', 'zmq', 'numpy', 'setproctitle'}   # pyproject's dependencies, by the names they import as
 
 def beyond_base_install(modules: list[str]) -> set[str]:
   """The third-party packages among a process's modules that a plain `pip install .` (no extras) lacks."""
