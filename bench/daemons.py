@@ -26,7 +26,7 @@ usage: bench/daemons.py [--seconds 60] [--ratio-seconds 20] [--stack-seconds 60]
 """
 import argparse, os, pathlib, signal, subprocess, sys, tempfile, threading, time, uuid
 REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / 'tests')]
+sys.path[:0] = [str(REPO)]
 os.environ.setdefault('DEV', 'CPU')
 os.environ['OPENPILOT_PREFIX'] = f"bench{uuid.uuid4().hex[:8]}"
 import numpy as np
@@ -51,7 +51,7 @@ def proc_stats(pid: int) -> tuple[float, float, float]:
 
 def start(art, name: str) -> subprocess.Popen:
   """The daemon as a real process, returned once it sent READY=1."""
-  from daemon_harness import Notify
+  from tests.daemon_harness import Notify
   notify = Notify()
   env = {**os.environ, 'NOTIFY_SOCKET': notify.addr, 'PARALLEL': '0'}
   log = tempfile.TemporaryFile('w+')   # a file, not a pipe: a long run's log lines never block the daemon
@@ -193,7 +193,7 @@ def whole_stack(art, layout: NV12Layout, seconds: float) -> dict:
   timestampEof, frameDropPerc, frames without an output, each process's CPU share over the measured seconds."""
   import json
   from modeld_tools.demo import DEMO_SCENE
-  from daemon_harness import Notify
+  from tests.daemon_harness import Notify
   tmp = tempfile.TemporaryDirectory()
   (scene := pathlib.Path(tmp.name) / 'scene.json').write_text(json.dumps(DEMO_SCENE))
   sub, procs = Subscriber(['modelV2', 'driverStateV2', 'roadCameraState', 'driverCameraState']), {}
@@ -239,8 +239,8 @@ def main() -> int:
   ap.add_argument('--camera', default='1928x1208:aligned', help="camera buffer layout of all three streams (default 1928x1208:aligned)")
   args = ap.parse_args()
 
-  from artifacts import build, CACHE
-  from daemon_harness import Camera
+  from tests.artifacts import build, CACHE
+  from tests.daemon_harness import Camera
   layout = NV12Layout.parse(args.camera)
   t = time.perf_counter()
   art = build(CACHE.parent / f'bench-{args.models}', (layout,), models=args.models)

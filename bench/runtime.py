@@ -18,7 +18,7 @@ usage: bench/runtime.py [--beam 2] [--parts small,reference,realsize]
 """
 import argparse, os, pathlib, subprocess, sys, tempfile, time
 REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / 'tests')]
+sys.path[:0] = [str(REPO)]
 os.environ.setdefault('DEV', 'CPU')
 import numpy as np
 
@@ -53,7 +53,7 @@ def random_feed(sess, rng: np.random.Generator) -> dict[str, np.ndarray]:
 
 def small_models() -> None:
   from tinygrad import Device
-  from onnx_models import vision_onnx, policy_onnx
+  from tests.onnx_models import vision_onnx, policy_onnx
   from msgq.visionipc.layout import NV12Layout
   from modelrt.onnx_import import load_onnx
   from modelrt.compile import build_family
@@ -142,7 +142,7 @@ def small_models() -> None:
 
 def reference() -> None:
   from tinygrad import Device
-  from artifacts import build
+  from tests.artifacts import build
   from msgq.visionipc.layout import NV12Layout
   from modelrt.artifact import load_artifact
   from modelrt.runner import RoadRunner, DMRunner, HostBuf
@@ -217,7 +217,7 @@ DM_CONVS = [(1, 16, 4, 4), (16, 32, 3, 2), (32, 64, 3, 2), (64, 128, 3, 2), (128
 def realsize_vision_onnx(path: pathlib.Path) -> tuple[pathlib.Path, int, int]:
   """The release's vision I/O and output_slices with a real-size network; (path, parameters, FLOPs a frame)."""
   from onnx import helper, TensorProto
-  from onnx_models import _save, _layout, KNOWN_SLICES
+  from tests.onnx_models import _save, _layout, KNOWN_SLICES
   from modelrt.contracts import ROAD_V0_11_1
   m, rng = ROAD_V0_11_1.vision, np.random.default_rng(0)
   slices, bias = _layout(m, KNOWN_SLICES['vision'], {}, 0)
@@ -236,7 +236,7 @@ def realsize_vision_onnx(path: pathlib.Path) -> tuple[pathlib.Path, int, int]:
 def realsize_dm_onnx(path: pathlib.Path) -> tuple[pathlib.Path, int, int]:
   """The release's driver-monitoring I/O and output_slices with a real-size network; (path, parameters, FLOPs)."""
   from onnx import helper, TensorProto
-  from onnx_models import _save, _layout, KNOWN_SLICES, DM_FEATURES
+  from tests.onnx_models import _save, _layout, KNOWN_SLICES, DM_FEATURES
   from modelrt.contracts import DM_V0_11_1
   m, rng = DM_V0_11_1.dm, np.random.default_rng(1)
   slices, bias = _layout(m, KNOWN_SLICES['dm'], {}, DM_FEATURES)
@@ -252,7 +252,7 @@ def realsize_dm_onnx(path: pathlib.Path) -> tuple[pathlib.Path, int, int]:
 
 def realsize(beam: int) -> None:
   from tinygrad import Tensor
-  from onnx_models import policy_onnx
+  from tests.onnx_models import policy_onnx
   from msgq.visionipc.layout import NV12Layout
   from modelrt.onnx_import import load_onnx
   from modelrt.compile import build_family

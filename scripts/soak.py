@@ -21,12 +21,12 @@ import argparse, json, multiprocessing, os, pathlib, random, shutil, signal, sub
 from dataclasses import dataclass, field
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / 'tests')]
+sys.path[:0] = [str(REPO)]
 
 import numpy as np
-from artifacts import build
-from daemon_harness import Camera, Daemon, Notify
-from faults import HANDSHAKE_FAULTS, MessageFaults, can_mount_tmpfs, full_disk, handshake_fault, usage
+from tests.artifacts import build
+from tests.daemon_harness import Camera, Daemon, Notify
+from tests.faults import HANDSHAKE_FAULTS, MessageFaults, can_mount_tmpfs, full_disk, handshake_fault, usage
 from cereal import messaging
 from cereal.services import CAMERA_STATE_SERVICES
 from msgq.visionipc import DRIVER, ROAD, WIDE_ROAD, NV12Layout, VisionIpcClient

@@ -21,7 +21,7 @@ def build(out: pathlib.Path = CACHE, layouts: tuple[NV12Layout, ...] = (LAYOUT, 
   from the same start: an artifact whose outputs the daemons cannot parse (modeld-compile refuses such a model, so the
   manifest, which its file hashes do not cover, is edited after the build)."""
   if models == 'tiny':
-    from onnx_models import vision_onnx, policy_onnx, dm_onnx
+    from tests.onnx_models import vision_onnx, policy_onnx, dm_onnx
     (src := out / 'onnx').mkdir(parents=True, exist_ok=True)
     srcs = ['--vision-onnx', str(vision_onnx(src / 'vision.onnx')), '--policy-onnx', str(policy_onnx(src / 'policy.onnx')),
             '--dm-onnx', str(dm_onnx(src / 'dm.onnx'))]

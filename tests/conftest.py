@@ -2,7 +2,7 @@ import json, shutil, uuid
 from pathlib import Path
 import pytest
 from msgq import runtime_dir
-from artifacts import CACHE, LAYOUT, build
+from tests.artifacts import CACHE, LAYOUT, build
 
 @pytest.fixture(autouse=True)
 def _openpilot_prefix(monkeypatch):

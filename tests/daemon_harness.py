@@ -10,7 +10,7 @@ from cereal import messaging
 from cereal.services import CAMERA_STATE_SERVICES
 from msgq.visionipc import VisionIpcServer
 from msgq.visionipc.layout import NV12Layout
-from artifacts import REPO
+from tests.artifacts import REPO
 
 FRAME_NS = 50_000_000   # 20 Hz
 BASE_INSTALL = {'tinygrad', 'capnp', 'zmq', 'numpy', 'setproctitle'}   # pyproject's dependencies, by the names they import as

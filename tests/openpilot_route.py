@@ -10,8 +10,8 @@ from camerad.render import SceneRenderer
 from camerad.scene import load_scene
 from msgq.visionipc.layout import NV12Layout
 from oproute.video import HevcWriter, picture
-import openpilot_ref as op
-from artifacts import REPO
+from tests import openpilot_ref as op
+from tests.artifacts import REPO
 
 FRAME_NS = 50_000_000
 CAMS = {"road": ("roadCameraState", "roadEncodeIdx", "fcamera.hevc"), "driver": ("driverCameraState", "driverEncodeIdx", "dcamera.hevc"),

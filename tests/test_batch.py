@@ -3,9 +3,9 @@ a corrupt segment reported while the rest finish, Ctrl-C and --resume, and diff.
 import json, os, shutil, signal, subprocess, sys, time
 from pathlib import Path
 import pytest
-from artifacts import REPO, build
-from daemon_harness import Collector, Daemon
-from openpilot_route import lockstep, write_route
+from tests.artifacts import REPO, build
+from tests.daemon_harness import Collector, Daemon
+from tests.openpilot_route import lockstep, write_route
 from modeld_tools.compare import compare, route_outputs
 
 ENV = {**os.environ, "DEV": "CPU", "RAY_AUTH_MODE": "disabled"}

@@ -14,7 +14,7 @@ from msgq.visionipc import DRIVER, ROAD, WIDE_ROAD, NV12Layout, VisionIpcClient
 from camerad.render import SceneRenderer
 from camerad.scene import load_scene
 from oproute.logreader import LogReader, segment_dirs
-import openpilot_ref
+from tests import openpilot_ref
 
 ROOT = Path(__file__).resolve().parents[1]
 CAMS = {ROAD: "road", WIDE_ROAD: "wide", DRIVER: "driver"}
@@ -388,7 +388,7 @@ def test_log_replay_messages_only(tmp_path):
 
 def test_lockstep_with_the_real_daemons(tmp_path):
   """camerad --lockstep against modeld and dmonitoringd (tiny models): every frame is answered, none is dropped."""
-  from artifacts import CACHE, LAYOUT, build
+  from tests.artifacts import CACHE, LAYOUT, build
   art = build(CACHE.parent / "tiny", models="tiny")
   scene = tmp_path / "scene.json"
   scene.write_text(json.dumps({"frames": 20, "calib": [0.01, 0.02, -0.015], "intrinsics": {

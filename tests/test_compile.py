@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from tinygrad import Tensor
 from tinygrad.helpers import Context
-from onnx_models import vision_onnx, policy_onnx, dm_onnx, SLICES, KNOWN
+from tests.onnx_models import vision_onnx, policy_onnx, dm_onnx, SLICES, KNOWN
 from modelrt.contracts import ROAD_V0_11_1, DM_V0_11_1, ContractError, identify
 from modelrt.onnx_import import load_onnx, OnnxImportError, metadata_props
 from modelrt.compile import build_jit, InputPlan, ValidationError, main

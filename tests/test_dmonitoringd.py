@@ -6,9 +6,9 @@ import pytest
 from cereal import messaging
 from msgq import pub_sock
 from msgq.visionipc import DRIVER
-from artifacts import CACHE, LAYOUT, ALT_LAYOUT, UNSERVED_LAYOUT, build
-from daemon_harness import Camera, Collector, Daemon, beyond_base_install, start_daemon
-from onnx_models import KNOWN
+from tests.artifacts import CACHE, LAYOUT, ALT_LAYOUT, UNSERVED_LAYOUT, build
+from tests.daemon_harness import Camera, Collector, Daemon, beyond_base_install, start_daemon
+from tests.onnx_models import KNOWN
 from dmonitoringd.policy import DriverMonitoring, DistractedType, Settings, DT_DMON
 from modeld_common.daemon import EX_CONFIG
 

@@ -7,8 +7,8 @@ and reset their history). And the demo, run as `make demo` runs it.
 import contextlib, os, re, shutil, subprocess, sys, time
 import numpy as np
 import pytest
-from artifacts import REPO, build
-from daemon_harness import Camera, Collector, Daemon
+from tests.artifacts import REPO, build
+from tests.daemon_harness import Camera, Collector, Daemon
 from cereal import messaging
 from camerad.render import SceneRenderer
 from camerad.scene import load_scene

@@ -7,9 +7,9 @@ import pytest
 from cereal import messaging
 from cereal.services import CAMERA_STATE_SERVICES
 from msgq.visionipc import ROAD, WIDE_ROAD, DRIVER
-from artifacts import CACHE, LAYOUT, REPO, build
-from daemon_harness import Camera, Collector, Daemon, start_daemon
-from faults import MESSAGE_FAULTS, MessageFaults, can_mount_tmpfs, full_disk
+from tests.artifacts import CACHE, LAYOUT, REPO, build
+from tests.daemon_harness import Camera, Collector, Daemon, start_daemon
+from tests.faults import MESSAGE_FAULTS, MessageFaults, can_mount_tmpfs, full_disk
 from modeld_common.daemon import EX_CONFIG, MAX_BAD_OUTPUTS
 from modelrt.contracts import lookup
 from modeld.model import RoadModel

@@ -7,7 +7,7 @@ from cereal import messaging
 from cereal.messaging import MalformedMessageError, log, log_from_bytes, new_message
 from cereal.services import SERVICES, CAMERA_STATE_SERVICES
 import msgq
-from test_msgq import ask, child, _publisher   # spawned children and their pipe protocol
+from tests.test_msgq import ask, child, _publisher   # spawned children and their pipe protocol
 
 # ---- children ----
 

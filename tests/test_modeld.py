@@ -6,9 +6,9 @@ import pytest
 from cereal import messaging
 from msgq import pub_sock
 from msgq.visionipc import ROAD, WIDE_ROAD
-from artifacts import CACHE, LAYOUT, ALT_LAYOUT, UNSERVED_LAYOUT, build
-from daemon_harness import Camera, Collector, Daemon, Notify, beyond_base_install, start_daemon
-from onnx_models import SLICES, KNOWN
+from tests.artifacts import CACHE, LAYOUT, ALT_LAYOUT, UNSERVED_LAYOUT, build
+from tests.daemon_harness import Camera, Collector, Daemon, Notify, beyond_base_install, start_daemon
+from tests.onnx_models import SLICES, KNOWN
 from modelrt.constants import T_IDXS
 from modelrt.contracts import ROAD_V0_11_1
 from modeld.sync import FrameSync, FrameDrops

@@ -1,9 +1,9 @@
 """openpilot routes end to end: a route written with openpilot's own schema replays through camerad and both real
 daemons; what the project records reads back in openpilot's LogReader, message for message."""
 import os, subprocess, sys
-from artifacts import REPO
-from daemon_harness import Collector, Daemon
-from openpilot_route import lockstep, write_route
+from tests.artifacts import REPO
+from tests.daemon_harness import Collector, Daemon
+from tests.openpilot_route import lockstep, write_route
 
 def run(module: str, *args, timeout: float = 120) -> subprocess.CompletedProcess:
   return subprocess.run([sys.executable, "-m", module, *map(str, args)], cwd=REPO, capture_output=True, text=True, timeout=timeout,
@@ -45,7 +45,7 @@ def test_modeld_replay_compares_with_logged_outputs(tiny_artifacts, scene, tmp_p
   (as a car's daemons would have) it finds them again exactly; with one logged value moved it exits 1 past the
   tolerance, naming the field and the frame."""
   from oproute import LogReader
-  import openpilot_ref as op
+  from tests import openpilot_ref as op
   write_route(tmp_path / "plain", scene)
   r = run("modeld_tools.replay", tmp_path / "plain", "--artifacts", tiny_artifacts, "--out", tmp_path / "first")
   assert r.returncode == 0 and "the route logged no modelV2: 20 new ones" in r.stdout, r.stdout + r.stderr

@@ -4,7 +4,7 @@ import itertools
 import pytest
 from cereal import log
 from cereal.services import SERVICES
-import openpilot_ref as op
+from tests import openpilot_ref as op
 
 # Fields openpilot added after the openpilot-logging release the tests load (name: (ordinal, type)). Their layout
 # follows from the fields before them, which are compared with openpilot's below.

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from cereal import messaging
 from msgq.visionipc import ROAD, WIDE_ROAD, DRIVER
-from artifacts import CACHE, LAYOUT, build
-from daemon_harness import Camera, Collector, start_daemon
-from onnx_models import KNOWN, KNOWN_SLICES, Y_BIAS, Y_SCALE, HISTORY_OUT, PULSE_OUT, TRAFFIC_WEIGHTS
+from tests.artifacts import CACHE, LAYOUT, build
+from tests.daemon_harness import Camera, Collector, start_daemon
+from tests.onnx_models import KNOWN, KNOWN_SLICES, Y_BIAS, Y_SCALE, HISTORY_OUT, PULSE_OUT, TRAFFIC_WEIGHTS
 
 OUTPUTS = ['modelV2', 'drivingModelData', 'cameraOdometry']
 T_IDXS = [10 * (i / 32) ** 2 for i in range(33)]

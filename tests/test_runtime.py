@@ -4,7 +4,7 @@ import json, os, pickle, shutil
 import numpy as np
 import pytest
 from tinygrad.helpers import Context
-from onnx_models import vision_onnx, policy_onnx, dm_onnx, SLICES, KNOWN
+from tests.onnx_models import vision_onnx, policy_onnx, dm_onnx, SLICES, KNOWN
 from msgq.visionipc.layout import NV12Layout
 from modelrt.constants import FRAME_SKIP, DESIRE_LEN, IMG_CHANNELS
 from modelrt.contracts import ROAD_V0_11_1

@@ -3,7 +3,7 @@ file's options reach the daemons' command lines, and the daemons accept them."""
 import importlib.util, json, os, re, shlex, shutil, signal, subprocess, sys, tempfile
 from pathlib import Path
 import pytest
-from artifacts import CACHE, build
+from tests.artifacts import CACHE, build
 
 REPO = Path(__file__).resolve().parents[1]
 BINDIR = Path(sys.executable).parent   # the venv's console scripts (installed by `make setup`)
@@ -184,8 +184,8 @@ def test_env_file_reaches_command_line(staged, tmp_path):
 def test_the_units_run_from_the_base_install_and_the_camera_extra():
   """What the units start imports nothing beyond `pip install '.[camera]'`: the daemons the base install alone, camerad
   PyAV and zstandard besides (the tools, Ray and the test suite's packages are not needed on a car or a server)."""
-  from daemon_harness import beyond_base_install
-  from artifacts import CACHE, LAYOUT, ALT_LAYOUT, build
+  from tests.daemon_harness import beyond_base_install
+  from tests.artifacts import CACHE, LAYOUT, ALT_LAYOUT, build
   build()   # then modeld-compile below runs its whole path and finds the artifacts up to date
   compile_args = ['--reference', '--quiet', '--out', str(CACHE), '--camera', str(LAYOUT), '--camera', str(ALT_LAYOUT)]
   for module, run, extra in (('modeld.main', 'pass', set()), ('dmonitoringd.main', 'pass', set()), ('camerad.main', 'pass', {'av', 'zstandard'}),
