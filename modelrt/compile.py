@@ -150,10 +150,10 @@ def build_jit(name: str, fn: Callable, plans: list[InputPlan], device: str, out_
 DEVICE_INPUTS = {'vision': ('img', 'big_img'), 'policy': (), 'dm': ('input_img',)}   # written by another JIT, not fed from the host
 
 def code_sha256() -> str:
-  """The code inside the captured programs: this file and the warps. A change there is a new build."""
-  from modelrt import warp
+  """The code inside the captured programs: this file, the warps and the ONNX lowering. A change there is a new build."""
+  from modelrt import warp, onnx_import
   h = hashlib.sha256()
-  for mod in (sys.modules[__name__], warp):
+  for mod in (sys.modules[__name__], warp, onnx_import):
     h.update(pathlib.Path(mod.__file__).read_bytes() if getattr(mod, '__file__', None) else mod.__name__.encode())
   return h.hexdigest()
 

@@ -171,3 +171,20 @@ def test_build_leaves_no_compile_worker_processes(tmp_path, capsys):
     assert main(['--dm-onnx', str(p), '--camera', '64x48', '--out', str(tmp_path / 'art'), '--quiet']) == 0
   assert multiprocessing.active_children() == []
   assert 'dm: built' in capsys.readouterr().out
+
+def test_a_reduction_before_a_concat_runs_in_its_own_kernel(tmp_path):
+  """The driver model's features concatenated with calib: the reduction that makes the features gets a kernel of its
+  own size. Fused into the concat it ran in the concat's padded shape (the real-size DM's last conv, 24576 + 3
+  outputs, 2.5x slower). The output stays onnxruntime's."""
+  from tinygrad import TinyJit
+  from tinygrad.engine.realize import get_call_arg_uops
+  from modelrt.profile import _calls, _name
+  ort = pytest.importorskip('onnxruntime')
+  md, rng = load_onnx(p := dm_onnx(tmp_path / 'dm.onnx'), 'dm'), np.random.default_rng(0)
+  jit = TinyJit(lambda **kw: md.fn(**kw).contiguous().realize())
+  for _ in range(3):
+    x = {'input_img': rng.integers(0, 255, (1, 1440 * 960), dtype=np.uint8), 'calib': rng.standard_normal((1, 3)).astype(np.float32)}
+    out = jit(**{k: Tensor(v).realize() for k, v in x.items()}).numpy()
+  np.testing.assert_allclose(out, ort.InferenceSession(str(p)).run(None, x)[0], rtol=1e-5, atol=1e-5)
+  written = [get_call_arg_uops(c)[0].shape for c in _calls(jit.captured.linear) if _name(c).startswith('r_')]
+  assert (1,) in written and (4,) not in written, written   # the mean's own output, not the concat's
