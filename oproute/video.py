@@ -181,6 +181,9 @@ class HevcWriter:
     st = self.stream = self.container.add_stream("libx265", rate=Fraction(round(fps * 1000), 1000))
     st.width, st.height, st.pix_fmt = width, height, "yuv420p"
     params = f"log-level=error:bframes=0:keyint={keyint}:min-keyint={keyint}:scenecut=0" + (":lossless=1" if lossless else "")
+    # tune zerolatency: one frame thread, no lookahead (libx265 has crashed flushing a multi-threaded lookahead). Its
+    # worker pool encodes 64-pixel CTU rows in parallel: a frame of a few rows gains nothing, so it stays on this thread
+    if height <= 4 * 64: params += ":pools=none"
     st.codec_context.options = {"preset": "ultrafast", "tune": "zerolatency", "x265-params": params}
     self.width, self.height, self.n, self.meta = width, height, 0, {}
 
