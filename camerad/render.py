@@ -98,9 +98,7 @@ class SceneRenderer:
     """Write frame `frame` into `out` (a flat uint8 buffer of self.layout; allocated when None) and return it."""
     if frame < 0: raise ValueError(f"frame: expected >= 0, got {frame}")
     if out is None: out = np.zeros(self.layout.size, dtype=np.uint8)
-    y, _, _ = self.layout.planes(out)
-    l = self.layout
-    uv = out[l.uv_offset:l.uv_offset + l.stride * (l.height // 2)].reshape(l.height // 2, l.stride)[:, :l.width].reshape(l.height // 2, -1, 2)
+    y, uv = self.layout.y_uv(out)
     t = self.scene.time(frame)
     k = int(np.random.default_rng([self.scene.seed, frame]).integers(N_NOISE))
     (self._render_driver if self.camera == 'driver' else self._render_road)(t, k, y, uv)

@@ -20,6 +20,7 @@ from cereal.services import CAMERAS
 from modelrt.constants import DM_HEIGHT, DM_WIDTH, X_IDXS
 from modelrt.calibration import camera_for, sensor_name
 from modelrt.geometry import CameraConfig, camera_config, camera_from_calib, dm_warp_matrix
+from msgq.visionipc.layout import NV12Layout
 
 CAM_HEIGHT = 1.22          # m, when no liveCalibration.height was seen
 CAR_HALF_WIDTH = 0.9       # m: the path is drawn as wide as a car, the lead box too
@@ -30,14 +31,11 @@ FACE_BOX = 0.3             # face box side, fraction of the driver model frame's
 GREEN, YELLOW, RED, WHITE, BLUE, GREY = (40, 220, 80), (250, 210, 40), (240, 50, 40), (255, 255, 255), (60, 140, 255), (150, 150, 150)
 CONFIDENCE_COLOURS = {'green': GREEN, 'yellow': YELLOW, 'red': RED}
 
-def nv12_to_rgb(buf: np.ndarray, width: int, height: int, stride: int, uv_offset: int) -> np.ndarray:
-  """(h, w, 3) uint8 RGB of an NV12 buffer (rows of `stride` bytes, UV rows from `uv_offset`), converted by FFmpeg
-  as a decoded video frame would be."""
+def nv12_to_rgb(buf: np.ndarray, layout: NV12Layout) -> np.ndarray:
+  """(h, w, 3) uint8 RGB of an NV12 buffer of `layout`, converted by FFmpeg as a decoded video frame would be."""
   import av
-  yuv = np.empty((height * 3 // 2, width), np.uint8)
-  yuv[:height] = buf[:stride * height].reshape(height, stride)[:, :width]
-  yuv[height:] = buf[uv_offset:uv_offset + stride * (height // 2)].reshape(height // 2, stride)[:, :width]
-  return av.VideoFrame.from_ndarray(yuv, format='nv12').to_ndarray(format='rgb24')
+  y, uv = layout.y_uv(buf)
+  return av.VideoFrame.from_ndarray(np.concatenate([y, uv.reshape(layout.height // 2, layout.width)]), format='nv12').to_ndarray(format='rgb24')
 
 def prob_colour(p: float) -> tuple[int, int, int]:
   """Red at 0, yellow at 0.5, green at 1."""
@@ -238,11 +236,10 @@ def route_frames(route: str, camera: str, scene: str | None, frames: int | None,
       finally: video.close()
     elif background == 'scene':
       from camerad.render import SceneRenderer
-      from msgq.visionipc.layout import NV12Layout
       cam = sc.cameras[camera]
       layout = NV12Layout.packed(cam.width, cam.height)
       r = SceneRenderer(sc, camera, layout)
-      for fid in ids: yield msgs[fid], nv12_to_rgb(r.render(fid % sc.n_frames), cam.width, cam.height, layout.stride, layout.uv_offset)
+      for fid in ids: yield msgs[fid], nv12_to_rgb(r.render(fid % sc.n_frames), layout)
     else:
       for fid in ids:
         m = msgs[fid]
@@ -276,7 +273,7 @@ def live_frames(name: str, camera: str, frames: int | None, timeout: float) -> t
       while frames is None or done < frames:
         if (buf := client.recv(timeout_ms=20)) is not None:
           nv12 = np.array(buf.array)   # a copy: the buffer is reused for later frames
-          if not buf.overwritten(): kept[buf.frame_id] = (nv12, buf.width, buf.height, buf.stride, buf.uv_offset)   # a torn frame is not shown
+          if not buf.overwritten(): kept[buf.frame_id] = (nv12, buf.layout)   # a torn frame is not shown
           del buf
           for old in sorted(kept)[:-KEEP_FRAMES]: del kept[old]
         ready = set(poller.poll(0))

@@ -88,10 +88,7 @@ def _nearest_np(M: np.ndarray, w_dst: int, h_dst: int, w: int, h: int) -> tuple[
 
 def _planes_np(buf: np.ndarray, layout: NV12Layout) -> tuple[np.ndarray, np.ndarray]:
   if buf.shape != (layout.size,) or buf.dtype != np.uint8: raise ValueError(f"expected {layout.size} uint8 bytes ({layout}), got {buf.dtype} {buf.shape}")
-  w, h, s = layout.width, layout.height, layout.stride
-  y = buf[:s * h].reshape(h, s)[:, :w]
-  uv = buf[layout.uv_offset:layout.uv_offset + s * h // 2].reshape(h // 2, s)[:, :w].reshape(h // 2, w // 2, 2)
-  return y, uv
+  return layout.y_uv(buf)
 
 def road_warp_np(buf: np.ndarray, M: np.ndarray, layout: NV12Layout) -> np.ndarray:
   y, uv = _planes_np(buf, layout)

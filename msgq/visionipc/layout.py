@@ -46,14 +46,20 @@ class NV12Layout:
       raise ValueError(f"camera layout {spec!r}: expected 'WxH', 'WxH:aligned' or 'WxH:stride:uv_offset:size' ({e})") from None
     return cls(w, h, stride, uv_offset, size)
 
-  def planes(self, buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Views of Y (h, w), U and V (h/2, w/2) inside a flat uint8 NV12 buffer of this layout; padding untouched."""
+  def y_uv(self, buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Views of Y (h, w) and of the interleaved UV (h/2, w/2, 2) inside a flat uint8 NV12 buffer of this layout;
+    padding untouched."""
     if not isinstance(buf, np.ndarray) or buf.dtype != np.uint8 or buf.ndim != 1 or not buf.flags.c_contiguous:
       raise ValueError(f"NV12 buffer: expected a contiguous 1-D uint8 array, got "
                        f"{type(buf).__name__} {getattr(buf, 'dtype', '')} shape {getattr(buf, 'shape', '')}")
     if buf.size < self.size: raise ValueError(f"NV12 buffer: layout {self} needs {self.size} bytes, the buffer has {buf.size}")
     w, h, s = self.width, self.height, self.stride
-    uv = buf[self.uv_offset:self.uv_offset + s * (h // 2)].reshape(h // 2, s)[:, :w]
-    return buf[:s * h].reshape(h, s)[:, :w], uv[:, 0::2], uv[:, 1::2]
+    uv = buf[self.uv_offset:self.uv_offset + s * (h // 2)].reshape(h // 2, s)[:, :w].reshape(h // 2, w // 2, 2)
+    return buf[:s * h].reshape(h, s)[:, :w], uv
+
+  def planes(self, buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Views of Y (h, w), U and V (h/2, w/2) inside a flat uint8 NV12 buffer of this layout; padding untouched."""
+    y, uv = self.y_uv(buf)
+    return y, uv[..., 0], uv[..., 1]
 
   def __str__(self) -> str: return f"{self.width}x{self.height}:{self.stride}:{self.uv_offset}:{self.size}"
