@@ -7,8 +7,9 @@
   syslog priority '<N>' so the journal keeps the level; elsewhere with a timestamp. Values go as key=value. Repeated
   warnings and errors from one call site are rate-limited.
 - StopFlag: SIGTERM/SIGINT set a flag the loop checks; the loop finishes its frame and cleans up.
-- Stats: counters, gauges and timings summarised every `interval` seconds at info level (and as STATUS=), so a
-  healthy daemon logs a line per interval, never one per frame.
+- Stats: counters, gauges and timings summarised every `interval` seconds at info level, so a healthy daemon logs a
+  line per interval, never one per frame; STATUS= carries that line and the counters' totals since the start (a
+  manager that missed a datagram still reads exact totals from the next).
 """
 from __future__ import annotations
 import logging, os, signal, socket, sys, time
@@ -132,7 +133,7 @@ class Stats:
     if (dt := (now := time.monotonic()) - self.t0) < self.interval: return None
     line = self.summary(dt)
     self.logger.info("stats %s", line)
-    notify(f"STATUS={line}")
+    notify(f"STATUS={line} | totals {self.totals_line()}")
     self.counts.clear()
     self.times.clear()
     self.t0 = now

@@ -265,6 +265,7 @@ def live_frames(name: str, camera: str, frames: int | None, timeout: float) -> t
   socks = [sub_sock(s, poller=poller) for s in services]   # in this order: a driverMonitoringState after its driverStateV2
   client = VisionIpcClient(name, stream, conflate=False)
   client.connect(blocking=True)
+  print(f"modeld-overlay: connected to {name!r}, {camera} camera", file=sys.stderr, flush=True)   # from here on no frame is missed
   def gen():
     kept: dict[int, tuple] = {}
     ms: dict[int, FrameMsgs] = {}

@@ -41,6 +41,7 @@ class CameraRecorder(threading.Thread):
     self.camera, self.route, self.segments, self.out, self.lossless, self.stop = camera, route, segments, out, lossless, stop
     self.client = VisionIpcClient(server, CAMERAS[camera].stream, conflate=False)
     self.frames = self.torn = self.encode_id = 0
+    self.connected = threading.Event()   # the client reached the camera server once
     self.error: BaseException | None = None
     self.segment: int | None = None   # the segment whose file is open
     self._writer = None
@@ -64,6 +65,7 @@ class CameraRecorder(threading.Thread):
   def run(self) -> None:
     try:
       while not self.stop.is_set() and not self.client.connect(blocking=False): self.stop.wait(0.1)
+      self.connected.set()
       last = -1
       while not self.stop.is_set():
         if self.segment is not None and self.segment != self.segments.n: self._close()
@@ -90,8 +92,9 @@ class CameraRecorder(threading.Thread):
       finally: self.client.close()
 
 def record(services: list[str], path: Path, segment_seconds: float, flush_seconds: float, stop: StopFlag, seconds: float | None = None,
-           cameras: list[str] = (), server: str = "camerad", lossless: bool = False) -> dict[str, int]:
-  """Record until stopped; returns the number of messages written per service."""
+           cameras: list[str] = (), server: str = "camerad", lossless: bool = False, stats_interval: float = 10.) -> dict[str, int]:
+  """Record until stopped; returns the number of messages written per service. The stats (log line and STATUS=) count
+  the messages written per service and `video_connected` once per camera whose stream is connected."""
   poller = messaging.Poller()
   socks = {s: messaging.sub_sock(s, poller=poller) for s in services}
   names = {sock.sock: s for s, sock in socks.items()}
@@ -99,15 +102,19 @@ def record(services: list[str], path: Path, segment_seconds: float, flush_second
   route.open_segment(0)
   recorders = [CameraRecorder(c, server, route, segments, indexes, lossless, cam_stop) for c in cameras]
   for r in recorders: r.start()
-  counts, malformed = dict.fromkeys(services, 0), dict.fromkeys(services, 0)
-  stats, watchdog = Stats(log, interval=10.0, rate_key="messages"), Watchdog()
+  counts, malformed, connected = dict.fromkeys(services, 0), dict.fromkeys(services, 0), set()
+  stats, watchdog = Stats(log, interval=stats_interval, rate_key="messages"), Watchdog()
   t_end, last_flush, closing = None if seconds is None else time.monotonic() + seconds, time.monotonic(), {}
+  def write(seg: int, svc: str, dat: bytes) -> None:
+    route.write(seg, svc, dat)
+    counts[svc] = counts.get(svc, 0) + 1
+    stats.count("messages")
+    stats.count(svc)
   def drain() -> None:
     while True:
       try: seg, svc, dat = indexes.get_nowait()
       except queue.Empty: return
-      route.write(seg if seg in route.logs else segments.n, svc, dat)
-      counts[svc] = counts.get(svc, 0) + 1
+      write(seg if seg in route.logs else segments.n, svc, dat)
   notify("READY=1", f"STATUS=recording {len(services)} services to {path}")
   log.info("recording %d services%s to %s", len(services), f" and {', '.join(cameras)} video" if cameras else "", path)
   try:
@@ -121,10 +128,13 @@ def record(services: list[str], path: Path, segment_seconds: float, flush_second
           if not ok:
             malformed[svc] += 1
             continue
-          route.write(segments.n, svc, dat)
-          counts[svc] += 1
-          stats.count("messages")
+          write(segments.n, svc, dat)
       drain()
+      for r in recorders:
+        if r.camera not in connected and r.connected.is_set():
+          connected.add(r.camera)
+          stats.count("video_connected")
+          log.info("%s video: connected to %r", r.camera, server)
       if segments.update():
         for n in range(max(route.logs) + 1, segments.n + 1): route.open_segment(n)
         for n in route.logs:
@@ -167,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
   ap.add_argument("--video", metavar="CAMS", help="also record these cameras' frames (comma list of road,wide,driver) as HEVC")
   ap.add_argument("--lossless", action="store_true", help="lossless HEVC: a replay serves the very same pixels (larger files)")
   ap.add_argument("--camerad-name", default="camerad", help="VisionIPC server name to record from (default: camerad)")
+  ap.add_argument("--stats-interval", type=float, default=10., metavar="S", help="seconds between stats log lines and STATUS= updates (default 10)")
   ap.add_argument("--log-level", default="INFO")
   args = ap.parse_args(argv)
   if bad := [s for s in args.services if s not in SERVICES]: ap.error(f"unknown services {bad}; known: {', '.join(SERVICES)}")
@@ -178,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
   stop, path = StopFlag(), args.route or args.out / datetime.now().strftime("%Y-%m-%d--%H-%M-%S")
   try:
     counts = record(args.services or logged, path, args.segment_seconds, args.flush_seconds, stop, args.seconds, cameras,
-                    args.camerad_name, args.lossless)
+                    args.camerad_name, args.lossless, args.stats_interval)
   except (OSError, RuntimeError) as e:
     full = getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
     log.error("%s%s", e, ": recording stopped; the segments before the last are complete" if full else "")

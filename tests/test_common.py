@@ -126,5 +126,10 @@ def test_stats_summarise_per_interval(manager, caplog):
     line = stats.tick()
   assert 'dropped=2 frames=4 frame_drop_perc=1.50 exec_ms_p50=10.0 exec_ms_max=10.0' in line and line.startswith('rate=')
   assert caplog.records[-1].getMessage() == f'stats {line}'
-  assert manager.recv(4096).decode() == f'STATUS={line}'
+  assert manager.recv(4096).decode() == f'STATUS={line} | totals dropped=2 frames=4'
   assert stats.totals == {'frames': 4, 'dropped': 2} and not stats.counts   # the next interval starts empty
+  stats.count('frames')
+  time.sleep(0.06)
+  line = stats.tick()
+  assert line.startswith('rate=') and ' frames=1 ' in f'{line} ' and 'dropped' not in line
+  assert manager.recv(4096).decode() == f'STATUS={line} | totals dropped=2 frames=5'
