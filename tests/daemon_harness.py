@@ -46,6 +46,20 @@ class Notify:
       if any(re.match(pattern, l) for l in msg.splitlines()): return self.messages
     raise TimeoutError(f"no {pattern} on the notify socket within {timeout} s; got {self.messages}")
 
+  def count(self, key: str) -> int:
+    """The counter `key`'s total in the newest STATUS= so far (0 before it is counted)."""
+    return max((int(m[1]) for msg in self.messages for m in re.finditer(rf'^STATUS=.* \| totals .*\b{key}=(\d+)\b', msg, re.M)), default=0)
+
+  def wait_count(self, key: str, total: int, timeout: float = 10.) -> None:
+    """Block until the STATUS= totals counted `key` `total` times. Run the daemon with --stats-interval 0 to get a
+    STATUS= per loop turn, so a frame's counts arrive right after its frame."""
+    deadline = time.monotonic() + timeout
+    while (n := self.count(key)) < total:
+      if (left := deadline - time.monotonic()) <= 0: raise TimeoutError(f"{key} counted {n} of {total} times within {timeout} s")
+      self.sock.settimeout(left)
+      try: self.messages.append(self.sock.recv(4096).decode())
+      except TimeoutError: pass
+
   def close(self) -> None: self.sock.close()
 
 class Daemon:

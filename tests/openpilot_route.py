@@ -67,7 +67,7 @@ def write_route(path: Path, scene_file: Path, cameras: tuple[str, ...] = ("road"
 
 def lockstep(route: Path, col, *args) -> str:
   """camerad --lockstep on the route until it ends, the collector (daemon_harness.Collector) reading the outputs as they
-  come (a subscriber's queue is bounded); camerad's stderr."""
+  come (a subscriber's queue is bounded; the last ones may still be on their way); camerad's stderr."""
   cam = subprocess.Popen([sys.executable, "-m", "camerad", "--source", route, "--lockstep", "--lockstep-timeout", "60", *args],
                          cwd=REPO, stderr=subprocess.PIPE, text=True)
   while cam.poll() is None:
@@ -75,6 +75,4 @@ def lockstep(route: Path, col, *args) -> str:
     time.sleep(0.01)
   err = cam.communicate()[1]
   assert cam.returncode == 0, err
-  time.sleep(0.2)
-  col.poll()
   return err

@@ -4,11 +4,12 @@ import json, os, shutil, signal, subprocess, sys, time
 from pathlib import Path
 import pytest
 from tests.artifacts import REPO, build
-from tests.daemon_harness import Collector, Daemon
+from tests.daemon_harness import Collector, Daemon, Notify
 from tests.openpilot_route import lockstep, write_route
 from modeld_tools.compare import compare, route_outputs
 
 ENV = {**os.environ, "DEV": "CPU", "RAY_AUTH_MODE": "disabled"}
+FRAMES = 8   # per segment of the test routes
 
 def batch(*args, timeout: float = 300) -> subprocess.CompletedProcess:
   return subprocess.run([sys.executable, "-m", "batch", *map(str, args), "--quiet"], cwd=REPO, capture_output=True, text=True, env=ENV,
@@ -22,7 +23,7 @@ def start_batch(*args) -> subprocess.Popen:
 def routes(scene, tmp_path_factory) -> list[Path]:
   """Three short routes of two segments, each starting at another frame id."""
   d = tmp_path_factory.mktemp("routes")
-  for i, name in enumerate(("a", "b", "c")): write_route(d / name, scene, segments=2, frames=8, first_frame_id=100 * (i + 1))
+  for i, name in enumerate(("a", "b", "c")): write_route(d / name, scene, segments=2, frames=FRAMES, first_frame_id=100 * (i + 1))
   return [d / n for n in ("a", "b", "c")]
 
 def same(a: Path, b: Path) -> None:
@@ -36,21 +37,23 @@ def test_batch_equals_the_daemons_in_lockstep(routes, tiny_artifacts, tmp_path):
   r = batch(*routes, "--artifacts", tiny_artifacts, "--out", tmp_path / "out", "--workers", 2)
   assert r.returncode == 0, r.stderr
   summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-  assert [(s["route"], s["segments"], s["done"], s["frames"], s["errors"]) for s in summary["routes"]] == [(n, 2, 2, 16, []) for n in "abc"]
+  assert [(s["route"], s["segments"], s["done"], s["frames"], s["errors"]) for s in summary["routes"]] == [(n, 2, 2, 2 * FRAMES, []) for n in "abc"]
   assert "route" in r.stdout and "wall time" in r.stdout
   daemons = [Daemon(m, tiny_artifacts) for m in ("modeld", "dmonitoringd")]
   try:
     for route in routes:
       for seg in sorted(route.iterdir()):
-        col = Collector(["modelV2", "drivingModelData", "cameraOdometry", "driverStateV2", "driverMonitoringState", "roadCameraState"])
-        rec = subprocess.Popen([sys.executable, "-m", "modeld_tools.record", "--route", tmp_path / "live" / seg.name], cwd=REPO,
-                               stderr=subprocess.PIPE, text=True)
-        while "recording" not in rec.stderr.readline(): pass
+        outputs, notify = ["modelV2", "drivingModelData", "cameraOdometry", "driverStateV2"], Notify()
+        col = Collector(outputs)
+        rec = subprocess.Popen([sys.executable, "-m", "modeld_tools.record", "--route", tmp_path / "live" / seg.name, "--stats-interval", "0"],
+                               cwd=REPO, env={**os.environ, "NOTIFY_SOCKET": notify.addr})
+        notify.wait("READY=1", 20)
         lockstep(seg, col)
-        time.sleep(0.3)
+        for svc in outputs: notify.wait_count(svc, FRAMES)   # recorded: a stop now loses nothing
         rec.send_signal(signal.SIGTERM)
         assert rec.wait(20) == 0
         col.close()
+        notify.close()
         same(tmp_path / "live" / seg.name, tmp_path / "out" / route.name / seg.name)
   finally:
     for d in daemons: d.stop()

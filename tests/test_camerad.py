@@ -15,6 +15,7 @@ from camerad.render import SceneRenderer
 from camerad.scene import load_scene
 from oproute.logreader import LogReader, segment_dirs
 from tests import openpilot_ref
+from tests.daemon_harness import Notify
 
 ROOT = Path(__file__).resolve().parents[1]
 CAMS = {ROAD: "road", WIDE_ROAD: "wide", DRIVER: "driver"}
@@ -298,12 +299,13 @@ def test_log_replay_with_video(scene_file, tmp_path):
   # camerad first: it publishes nothing until every stream has a client, so the recorder (started next, subscribing
   # to running publishers) and its video clients get everything from frame 0; this test answers like the daemons
   cam = camerad("--source", f"synthetic:{scene_file}", "--lockstep")
-  rec = None
+  rec, notify = None, Notify()
   try:
     wait_for_server(cam)
     pm, states = messaging.PubMaster(["modelV2", "driverStateV2"]), {s: messaging.sub_sock(s, timeout=200) for s in ("roadCameraState", "driverCameraState")}
     (wide,) = connect([WIDE_ROAD]).values()   # the wide stream is served but not recorded as video
-    rec = spawn("modeld_tools.record", "--route", route, "--segment-seconds", "0.2", "--video", "road,driver", "--lossless", *services)
+    rec = spawn("modeld_tools.record", "--route", route, "--segment-seconds", "0.2", "--video", "road,driver", "--lossless", "--stats-interval", "0",
+                *services, env={**os.environ, "NOTIFY_SOCKET": notify.addr})
     while cam.poll() is None:
       for svc, answer in (("roadCameraState", "modelV2"), ("driverCameraState", "driverStateV2")):
         if (ev := messaging.recv_one(states[svc])) is not None:
@@ -315,13 +317,15 @@ def test_log_replay_with_video(scene_file, tmp_path):
     assert rc == 0, err
     wide.close()
     pm.close()
-    time.sleep(0.3)
+    for svc in ("roadCameraState", "driverCameraState", "wideRoadCameraState", "roadEncodeIdx", "driverEncodeIdx"):
+      notify.wait_count(svc, scene.n_frames)   # recorded: a stop now loses nothing
     rec.send_signal(signal.SIGTERM)
     rc, err = finish(rec)
     assert rc == 0, err
   finally:
     for p in (cam, rec):
       if p is not None and p.poll() is None: p.kill()
+    notify.close()
   segs = segment_dirs(route)
   assert len(segs) >= 2
   recorded = {}

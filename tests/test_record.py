@@ -1,10 +1,11 @@
 """modeld-record as a real process over real pub/sub, and LogReader on what it wrote (and on damaged files)."""
-import bz2, os, signal, socket, subprocess, sys, time
+import bz2, os, signal, subprocess, sys, time
 from pathlib import Path
 import pytest
 import zstandard as zstd
 from cereal import messaging
 from cereal.services import SERVICES
+from tests.daemon_harness import Notify
 from oproute.logreader import LogReader, UnknownEvent, log_files, read_log_file, segment_dirs, split_messages
 from oproute.writer import LogFile
 
@@ -12,21 +13,18 @@ LOG_NAME = "rlog.zst"
 
 ROOT = Path(__file__).resolve().parents[1]
 
-def start_recorder(tmp_path: Path, *args: str) -> subprocess.Popen:
-  """modeld-record with NOTIFY_SOCKET set; returns once it reported READY=1 (it has subscribed by then)."""
-  ready = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-  ready.bind(str(tmp_path / "notify"))
-  ready.settimeout(20)
-  p = subprocess.Popen([sys.executable, "-m", "modeld_tools.record", *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, text=True, env={**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify")})
-  try:
-    while b"READY=1" not in ready.recv(4096): pass
+def start_recorder(*args: str) -> tuple[subprocess.Popen, Notify]:
+  """modeld-record with a notify socket and a STATUS= per loop turn (its counts: Notify.wait_count); returns once it
+  reported READY=1 (it has subscribed by then)."""
+  notify = Notify()
+  p = subprocess.Popen([sys.executable, "-m", "modeld_tools.record", "--stats-interval", "0", *map(str, args)], cwd=ROOT,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "NOTIFY_SOCKET": notify.addr})
+  try: notify.wait("READY=1", 20)
   except TimeoutError:
     p.kill()
+    notify.close()
     pytest.fail(f"modeld-record did not get ready: {p.communicate()[1]}")
-  finally:
-    ready.close()
-  return p
+  return p, notify
 
 def car(i: int) -> bytes:
   msg = messaging.new_message("carState")
@@ -48,7 +46,7 @@ def test_sigkill_loses_at_most_the_last_moments(tmp_path):
   byte-identical, the rest of what reads back is a prefix of what was sent, and closed segments read without warnings."""
   route = tmp_path / "route"
   pm = messaging.PubMaster(["carState", "liveCalibration"])   # up first: the recorder's subscriptions are live when ready
-  p = start_recorder(tmp_path, "carState", "liveCalibration", "--route", route, "--segment-seconds", "0.3", "--flush-seconds", "0.1")
+  p, notify = start_recorder("carState", "liveCalibration", "--route", route, "--segment-seconds", "0.3", "--flush-seconds", "0.1")
   try:
     sent = {"carState": [], "liveCalibration": []}
     def send(i: int):
@@ -60,8 +58,11 @@ def test_sigkill_loses_at_most_the_last_moments(tmp_path):
     for i in range(150):
       send(i)
       time.sleep(0.005)
-    time.sleep(0.5)   # > the flush interval: all of this is on disk now
-    flushed = {s: len(v) for s, v in sent.items()}
+    flushed, deadline = {s: len(v) for s, v in sent.items()}, time.monotonic() + 10
+    while time.monotonic() < deadline:   # until a flush has put all of it on disk
+      on_disk = by_service(LogReader(route).raw())
+      if all(len(on_disk.get(s, [])) >= n for s, n in flushed.items()): break
+      time.sleep(0.05)
     for i in range(150, 400):
       send(i)
       if i == 300: p.send_signal(signal.SIGKILL)
@@ -69,6 +70,7 @@ def test_sigkill_loses_at_most_the_last_moments(tmp_path):
   finally:
     if p.poll() is None: p.kill()
     pm.close()
+    notify.close()
   segs = segment_dirs(route)
   assert len(segs) >= 3, f"expected several 0.3 s segments, got {[s.name for s in segs]}"
   for i, seg in enumerate(segs[:-1]):
@@ -87,7 +89,7 @@ def test_sigterm_closes_and_skips_malformed(tmp_path):
   break the file's framing); events come back in time order across services."""
   route = tmp_path / "route"
   pm = messaging.PubMaster(["carState", "liveCalibration"])
-  p = start_recorder(tmp_path, "carState", "liveCalibration", "--route", route)
+  p, notify = start_recorder("carState", "liveCalibration", "--route", route)
   try:
     good = []
     for i in range(20):
@@ -96,13 +98,14 @@ def test_sigterm_closes_and_skips_malformed(tmp_path):
       if i == 5: pm.send("carState", b"\x00\x00\x00\x00\xff\xff\x00\x00garbage")   # segment table claims more than it has
       if i == 7: pm.send("carState", calib(7))   # a whole Event, of the wrong service
       time.sleep(0.01)
-    time.sleep(0.3)
+    notify.wait_count("messages", len(good))   # the malformed two are not counted
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=10)
     assert p.returncode == 0, err
   finally:
     if p.poll() is None: p.kill()
     pm.close()
+    notify.close()
   assert "carState: 2 malformed messages not recorded" in err
   lr = LogReader(route, sort_by_time=True)
   events = list(lr.raw())

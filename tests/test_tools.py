@@ -4,7 +4,7 @@ A small stack runs once per module: camerad on a 320x200 synthetic scene in lock
 with video, modeld-overlay --live drawing it, and a stand-in model process that answers every camera frame with
 modelV2 / driverStateV2 / driverMonitoringState computed from the scene's ground truth (so the drawn lane lines
 must land on the painted ones)."""
-import base64, json, os, re, shutil, signal, subprocess, sys, time, uuid
+import base64, json, os, re, shutil, signal, subprocess, sys, uuid
 from pathlib import Path
 import av
 import numpy as np
@@ -14,6 +14,7 @@ from camerad.scene import load_scene
 from cereal.services import CAMERAS
 from modelrt.geometry import camera_from_calib
 from msgq import runtime_dir
+from tests.daemon_harness import Notify
 
 BIN = Path(sys.executable).parent
 N_FRAMES = 20
@@ -93,7 +94,7 @@ def stack(tmp_path_factory):
   d = tmp_path_factory.mktemp('stack')
   (d / 'scene.json').write_text(json.dumps(SCENE))
   env = {**os.environ, 'OPENPILOT_PREFIX': f"tools{uuid.uuid4().hex[:8]}", 'PYTHONUNBUFFERED': '1'}
-  procs = []
+  procs, notify = [], Notify()
   try:
     # camerad first: in lockstep it waits for the model's client, then for each frame's outputs
     cam = start([BIN / 'camerad', '--source', f"synthetic:{d / 'scene.json'}", '--cameras', 'road,driver', '--lockstep', '--lockstep-timeout', '30'], env)
@@ -102,23 +103,24 @@ def stack(tmp_path_factory):
     model = start([sys.executable, '-c', MODEL, d / 'scene.json'], env, stdin=subprocess.PIPE)
     procs.append(model)
     assert model.stdout.readline().strip() == 'ready', model.stderr.read()
-    rec = start([BIN / 'modeld-record', '--route', d / 'route', '--video', 'road,driver'], env)
+    rec = start([BIN / 'modeld-record', '--route', d / 'route', '--video', 'road,driver', '--stats-interval', '0'], {**env, 'NOTIFY_SOCKET': notify.addr})
     procs.append(rec)
-    while 'recording' not in (line := rec.stderr.readline()): assert line, 'modeld-record ended before recording'
     live = start([BIN / 'modeld-overlay', '--live', '--frames', '5', '--out', d / 'live.mp4', '--quiet', '--timeout', '30'], env)
     procs.append(live)
-    time.sleep(1.0)   # the recorder's and the overlay's camera clients connect
+    notify.wait_count('video_connected', 2, timeout=30)   # the recorder's camera clients, then the overlay's
+    while 'connected' not in (line := live.stderr.readline()): assert line, 'modeld-overlay ended before it connected'
     model.stdin.write('go\n')
     model.stdin.flush()
     cam_err = cam.communicate(timeout=120)[1]
     assert cam.returncode == 0, cam_err
     live_out = live.communicate(timeout=60)
-    time.sleep(0.6)   # the recorder flushes every 0.5 s
+    for svc in ('roadEncodeIdx', 'driverEncodeIdx', 'modelV2', 'driverStateV2'): notify.wait_count(svc, N_FRAMES)   # all recorded
     rec_out = stop(rec)
     assert rec.returncode == 0, rec_out[1]
     yield {'dir': d, 'route': d / 'route', 'scene': load_scene(d / 'scene.json'), 'env': env, 'live': (live.returncode, *live_out)}
   finally:
     for p in procs: stop(p, signal.SIGKILL)
+    notify.close()
     cleanup_prefix(env['OPENPILOT_PREFIX'])
 
 def run(args, env=None, timeout=60) -> subprocess.CompletedProcess:
