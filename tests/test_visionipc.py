@@ -44,6 +44,7 @@ def server_main(name: str, conn) -> None:
     elif cmd == "raw": srv._stream(args[0]).pub.send(args[1])   # bytes on the stream's topic, as a broken server would
     elif cmd == "exit": conn.send("bye"); sys.exit(0)            # no close(): the interpreter's exit must clean up
     elif cmd == "close": srv.close(); conn.send("closed"); return
+    elif cmd == "readers": conn.send((srv._stream(args[0]).pub.readers, srv.has_readers(args[0]))); continue   # subscriptions, has_readers
     conn.send(("ok", srv.server_id))
 
 def streamer_main(name: str, layout: str, count: int, started) -> None:
@@ -296,6 +297,34 @@ def test_no_files_left_after_exit(name):
 def test_second_server_with_the_same_name_is_refused(name, server):
   server("listen")
   with pytest.raises(Exception, match="already running"): VisionIpcServer(name)
+
+def test_a_client_of_the_previous_server_is_not_a_reader_of_the_next(name):
+  """A camera process restarted under a connected client: the client's subscription to the name's frame packets
+  reconnects to the new server, but counts as a reader only once the client took the new server's buffers (a lockstep
+  camera would otherwise send its first frame to a client that drops it to reconnect, and wait for its answer forever)."""
+  def wait(cond):
+    deadline = time.monotonic() + 5
+    while not (ok := cond()) and time.monotonic() < deadline: time.sleep(0.01)
+    return ok
+  a = Server(name)
+  a("create", ROAD, 2, str(PACKED)); a("listen")
+  c = VisionIpcClient(name, ROAD, False)
+  assert c.connect(True) and wait(lambda: a("readers", ROAD)[1])
+  a.close()
+  b = Server(name)
+  try:
+    b("create", ROAD, 2, str(PACKED)); b("listen")
+    # the old client's subscription reconnects (ZMQ re-subscribes when the subscriber polls, as a daemon's recv does)
+    assert wait(lambda: c.recv(20) is None and b("readers", ROAD)[0] == 1)
+    assert b("readers", ROAD)[1] is False
+    c.close()
+    c = VisionIpcClient(name, ROAD, False)
+    assert c.connect(True) and wait(lambda: b("readers", ROAD)[1])
+    b("send", ROAD, [7])
+    assert c.recv(2000).frame_id == 7
+  finally:
+    c.close()
+    b.close()
 
 def test_send_checks_the_frame_size(name):
   with VisionIpcServer(name) as s:

@@ -14,6 +14,7 @@ log = logging.getLogger("msgq.visionipc")
 class _Stream:
   def __init__(self, fd: int, ring: Ring, pub):
     self.fd, self.ring, self.pub, self.next, self.seq = fd, ring, pub, 0, 0
+    self.handshakes = 0   # clients that took the buffers from this server (counted by the listener thread)
 
 _live: "weakref.WeakSet[VisionIpcServer]" = weakref.WeakSet()
 
@@ -101,8 +102,11 @@ class VisionIpcServer:
     self.publish(stream, buf, frame_id, timestamp_sof, timestamp_eof)
 
   def has_readers(self, stream: int) -> bool:
-    """A client is subscribed to the stream's frame packets (a lockstep source waits for this before its first frame)."""
-    return self._streams[stream].pub.all_readers_updated()
+    """A client of this server is subscribed to the stream's frame packets (a lockstep source waits for this before
+    its first frame). A client still subscribed from a previous server of the name does not count until it has taken
+    this one's buffers: it would drop the first frame (it reconnects on it), and a lockstep source would wait forever."""
+    s = self._streams[stream]
+    return s.handshakes > 0 and s.pub.all_readers_updated()
 
   def close(self) -> None:
     """Stop the listener, remove the socket and lock files, close the topics and buffers. Idempotent."""
@@ -176,6 +180,7 @@ def _serve(conn: socket.socket, name: str, server_id: int, streams: dict[int, _S
     r = s.ring
     socket.send_fds(conn, [json.dumps({"server_id": server_id, "stream": stream, "layout": str(r.layout), "count": r.count,
                                        "offsets": r.offsets, "trailer_offset": r.trailer_offset}).encode()], [s.fd])
+    s.handshakes += 1
 
 def _lock(path: str, busy: str) -> int:
   """An exclusive flock on `path`, held as long as the returned fd. Retries if the file was unlinked under us."""
