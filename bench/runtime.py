@@ -9,8 +9,9 @@
 3. Real-size models, built here with onnx and random weights (no download): a convolutional vision network with
    the release's vision I/O (img, big_img uint8 (1, 12, 128, 256) in, one (1, 1576) vector with its output_slices
    out) of 27 M parameters and 2.1 GFLOP a frame, and a driver-monitoring network of 7.4 M parameters and 1 GFLOP.
-   Each is built without and with BEAM (--beam; the build time is printed, the artifact and tinygrad's search
-   results are cached per machine: only the first run searches), then its guarded replay p50/p99 is measured
+   Each is built plain, with Winograd convolutions (modeld-compile --winograd), and with both Winograd and BEAM
+   (--beam; the build time is printed, the artifact and tinygrad's search results are cached per machine: only the
+   first run searches), then its guarded replay p50/p99 is measured
    against onnxruntime on one thread, interleaved, and the ratio printed (target <= 1.0). Where the target is not
    met, the top 10 kernels of the profile follow (modelrt.profile).
 
@@ -271,10 +272,10 @@ def realsize(beam: int) -> None:
     sess = ort_session(models[model][0])
     feed = random_feed(sess, rng)
     results = {}
-    for b in sorted({0, beam}):
-      out = CACHE / 'bench-realsize' / f'beam{b}'
+    for b, wino in dict.fromkeys([(0, False), (0, True), (beam, True)]):   # each lever alone, then both
+      out = CACHE / 'bench-realsize' / f"beam{b}{'-winograd' if wino else ''}"
       t = time.perf_counter()
-      _, built = build_family(out, family, families[family], [layout], beam=b)
+      _, built = build_family(out, family, families[family], [layout], beam=b, winograd=wino)
       art = load_artifact(out, family)
       took = f"built now in {time.perf_counter() - t:.1f} s" if built else f"cached, built in {art.manifest.get('build_seconds', '?')} s"
       g = art.models[model]
@@ -284,13 +285,14 @@ def realsize(beam: int) -> None:
       ts = interleaved({'tinygrad': lambda g=g, inputs=inputs: g(**inputs), 'onnxruntime': lambda sess=sess, feed=feed: sess.run(None, feed)},
                        blocks=4, per_block=5)
       ratio = pct(ts['tinygrad'], 50) / pct(ts['onnxruntime'], 50)
-      results[b] = (g, inputs, ratio)
-      print(f"real-size {model} BEAM={b} ({took}): guarded replay p50 {ms(pct(ts['tinygrad'], 50))}, p99 {ms(pct(ts['tinygrad'], 99))}; "
+      results[b, wino] = (g, inputs, ratio)
+      print(f"real-size {model} BEAM={b}{' winograd' if wino else ''} ({took}): "
+            f"guarded replay p50 {ms(pct(ts['tinygrad'], 50))}, p99 {ms(pct(ts['tinygrad'], 99))}; "
             f"onnxruntime 1 thread p50 {ms(pct(ts['onnxruntime'], 50))}, p99 {ms(pct(ts['onnxruntime'], 99))}; "
             f"tinygrad/onnxruntime {ratio:.2f} (target <= 1.0: {'met' if ratio <= 1 else 'NOT met'})")
-    g, inputs, ratio = results[beam]
+    g, inputs, ratio = results[beam, True]
     if ratio > 1:
-      print(f"real-size {model} BEAM={beam}: top 10 kernels (each launched alone, tinygrad's FLOP and byte estimates):")
+      print(f"real-size {model} BEAM={beam} winograd: top 10 kernels (each launched alone, tinygrad's FLOP and byte estimates):")
       print('\n'.join('  ' + l for l in format_profile(kernel_profile(g.jit, inputs, runs=3), 10)))
 
 def main() -> None:

@@ -158,7 +158,8 @@ def code_sha256() -> str:
   return h.hexdigest()
 
 def build_family(out: str | os.PathLike, family: str, models: dict[str, ModelDef], layouts: list[NV12Layout], device: str | None = None,
-                 beam: int = 0, command: list[str] | None = None, force: bool = False, progress: bool = True) -> tuple[pathlib.Path, bool]:
+                 beam: int = 0, command: list[str] | None = None, force: bool = False, progress: bool = True,
+                 winograd: bool = False) -> tuple[pathlib.Path, bool]:
   """Build (or find up to date) OUT/<family>. Returns (artifact dir, whether it was built). Raises ContractError (the
   models follow no known contract) or ValidationError."""
   from tinygrad.engine.worker import terminate_worker_pool
@@ -171,7 +172,7 @@ def build_family(out: str | os.PathLike, family: str, models: dict[str, ModelDef
   models = {k: md.fed({n: i.dtype for n, i in contract.models[k].inputs.items()}) for k, md in models.items()}
   command = command or ['modeld-compile', '--family', family, *[a for l in layouts for a in ('--camera', str(l))], '--out', str(out)]
   key = {'format': FORMAT_VERSION, 'family': family, 'contract': contract.name, 'tinygrad': artifact.tinygrad_version(), 'target': artifact.target(device),
-         'options': {'beam': beam}, 'sources': {**{k: md.source_sha256 for k, md in models.items()}, 'code': code_sha256()},
+         'options': {'beam': beam, 'winograd': winograd}, 'sources': {**{k: md.source_sha256 for k, md in models.items()}, 'code': code_sha256()},
          'layouts': [str(l) for l in layouts]}
   build_id = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
   if not force:
@@ -196,7 +197,7 @@ def build_family(out: str | os.PathLike, family: str, models: dict[str, ModelDef
     return {**key, 'build_id': build_id, 'build_seconds': round(time.monotonic() - t0, 1), 'command': command, 'jits': jits,
             'output_slices': {k: {n: [s.start, s.stop] for n, s in models[k].output_slices.items()} for k in artifact.MODELS[family]}}
   try:
-    with Context(BEAM=beam):
+    with Context(BEAM=beam, WINO=int(winograd)):
       return write_artifact(out, family, build), True
   finally: terminate_worker_pool()   # the compile worker processes must not outlive the build
 
@@ -254,6 +255,9 @@ CACHEDB=path moves tinygrad's compile cache.""".format(contracts=', '.join(sorte
   ap.add_argument('--device', help=f"tinygrad device to compile for (default: {Device.DEFAULT}, from DEV=)")
   ap.add_argument('--beam', type=int, default=0, metavar='N', help="BEAM kernel search width: slower build (minutes; a bar shows the "
                   "searches with an ETA, and tinygrad caches them per machine), faster replay (default 0: off)")
+  ap.add_argument('--winograd', action='store_true', help="dense 3x3 stride-1 convolutions of ONNX models as Winograd F(4x4, 3x3) "
+                  "(tinygrad's WINO): fewer multiplies, more memory traffic; faster for wide layers on mid-size images, slower "
+                  "for few channels or tiny images: compare the replay times of both builds (default: off)")
   ap.add_argument('--force', action='store_true', help="rebuild even when an identical build is already there")
   ap.add_argument('--quiet', action='store_true', help="no progress bar")
   args = ap.parse_args(argv)
@@ -281,8 +285,9 @@ CACHEDB=path moves tinygrad's compile cache.""".format(contracts=', '.join(sorte
         files = {'vision': args.vision_onnx, 'policy': args.policy_onnx} if family == 'road' else {'dm': args.dm_onnx}
         models = {k: load_onnx(p, k) for k, p in files.items()}
         srcs = [a for k, p in files.items() for a in (f'--{k}-onnx', str(p.resolve()))]
-      command = ['modeld-compile', *srcs, '--family', family, *cams, '--out', str(args.out.resolve()), '--device', device, '--beam', str(args.beam)]
-      path, built = build_family(args.out, family, models, layouts, device, args.beam, command, args.force, not args.quiet)
+      command = ['modeld-compile', *srcs, '--family', family, *cams, '--out', str(args.out.resolve()), '--device', device, '--beam', str(args.beam),
+                 *(['--winograd'] if args.winograd else [])]
+      path, built = build_family(args.out, family, models, layouts, device, args.beam, command, args.force, not args.quiet, args.winograd)
       print(f"{family}: {'built' if built else 'up to date'}: {path} ({', '.join(str(l) for l in layouts)})")
   except (ContractError, ValidationError, OnnxImportError, ArtifactError, OSError) as e:
     print(f"modeld-compile: error: {e}", file=sys.stderr)

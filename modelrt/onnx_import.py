@@ -61,6 +61,15 @@ def _concat(*xs: Tensor, axis: int) -> Tensor:
   # last conv concatenated with the 3 calibration values (24576 + 3 outputs) ran 2.5x slower than on its own.
   return Tensor.cat(*(x.contiguous() if _ends_in_reduce(x.uop) else x for x in xs), dim=axis)
 
+def _conv(X: Tensor, W: Tensor, B: Tensor | None = None, group: int = 1, **kw) -> Tensor:
+  # With WINO=1 (modeld-compile --winograd) tinygrad computes a 3x3 stride-1 convolution as Winograd F(4x4, 3x3), but
+  # only for the int stride 1, where ONNX gives lists: those of dense 2-D convolutions are made ints. Grouped
+  # (depthwise) ones keep their lists and stay direct: their transforms cost more than the multiplies they save.
+  if group == 1 and W.ndim == 4:
+    for k in ('strides', 'dilations'):
+      if isinstance(v := kw.get(k), (list, tuple)) and all(x == 1 for x in v): kw[k] = 1
+  return onnx_ops['Conv'](X, W, B, group=group, **kw)
+
 def load_onnx(path: str | pathlib.Path, model: str) -> ModelDef:
   """An openpilot-convention ONNX model ('vision', 'policy' or 'dm') as a ModelDef with the graph's own inputs
   (names, shapes, dtypes), output width and output_slices. Whether they follow a known contract is checked later."""
@@ -70,7 +79,7 @@ def load_onnx(path: str | pathlib.Path, model: str) -> ModelDef:
   except Exception as e: raise OnnxImportError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
   runner = OnnxRunner.__new__(OnnxRunner)   # OnnxRunner(path) would parse the file a second time
   runner._init_from_graph(graph)
-  runner.onnx_ops = {**onnx_ops, 'Concat': _concat}
+  runner.onnx_ops = {**onnx_ops, 'Concat': _concat, 'Conv': _conv}
   inputs = {k: (tuple(v.shape), np.dtype(n).name if (n := _to_np_dtype(v.dtype)) is not None else v.dtype.name) for k, v in runner.graph_inputs.items()}
   if len(runner.graph_outputs) != 1: raise OnnxImportError(f"{path}: expected one output vector, the model has {list(runner.graph_outputs)}")
   oshape = graph['output'][0]['parsed_type'].shape

@@ -188,3 +188,28 @@ def test_a_reduction_before_a_concat_runs_in_its_own_kernel(tmp_path):
   np.testing.assert_allclose(out, ort.InferenceSession(str(p)).run(None, x)[0], rtol=1e-5, atol=1e-5)
   written = [get_call_arg_uops(c)[0].shape for c in _calls(jit.captured.linear) if _name(c).startswith('r_')]
   assert (1,) in written and (4,) not in written, written   # the mean's own output, not the concat's
+
+def test_winograd_takes_the_dense_3x3_stride_1_convolutions_only(tmp_path):
+  """Under WINO=1 (modeld-compile --winograd) a dense 3x3 stride-1 convolution of an ONNX model runs as Winograd (other
+  kernels), a depthwise one stays direct (the same kernels); the outputs stay onnxruntime's."""
+  from onnx import helper
+  from tinygrad import TinyJit
+  from modelrt.profile import _calls, _name
+  from tests.onnx_models import _save
+  ort = pytest.importorskip('onnxruntime')
+  rng = np.random.default_rng(0)
+  weights = {'dense': rng.standard_normal((8, 8, 3, 3)).astype(np.float32) / 8, 'depthwise': rng.standard_normal((8, 1, 3, 3)).astype(np.float32) / 3}
+  x = {'x': rng.standard_normal((1, 8, 16, 16)).astype(np.float32)}
+  for name, w in weights.items():
+    nodes = [helper.make_node('Conv', ['x', 'w'], ['c'], kernel_shape=[3, 3], pads=[1] * 4, strides=[1, 1], group=8 // w.shape[1]),
+             helper.make_node('Reshape', ['c', 'shape'], ['taps'])]
+    path = _save(tmp_path / f'{name}.onnx', nodes, {'x': ((1, 8, 16, 16), 'float32')}, np.zeros(2048, np.float32),
+                 {'w': w, 'shape': np.array([1, -1], np.int64)}, {'out': slice(0, 2048)})
+    md, want, kernels = load_onnx(path, 'vision'), ort.InferenceSession(str(path)).run(None, x)[0], {}
+    for wino in (0, 1):
+      with Context(WINO=wino):
+        jit = TinyJit(lambda fn=md.fn, **kw: fn(**kw).contiguous().realize())
+        for _ in range(3): out = jit(x=Tensor(x['x']).realize()).numpy()
+      np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+      kernels[wino] = sorted(_name(c) for c in _calls(jit.captured.linear))
+    assert (kernels[0] != kernels[1]) == (name == 'dense'), (name, kernels)
