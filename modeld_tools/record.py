@@ -102,12 +102,11 @@ def record(services: list[str], path: Path, segment_seconds: float, flush_second
   route.open_segment(0)
   recorders = [CameraRecorder(c, server, route, segments, indexes, lossless, cam_stop) for c in cameras]
   for r in recorders: r.start()
-  counts, malformed, connected = dict.fromkeys(services, 0), dict.fromkeys(services, 0), set()
+  malformed, connected = dict.fromkeys(services, 0), set()
   stats, watchdog = Stats(log, interval=stats_interval, rate_key="messages"), Watchdog()
   t_end, last_flush, closing = None if seconds is None else time.monotonic() + seconds, time.monotonic(), {}
   def write(seg: int, svc: str, dat: bytes) -> None:
     route.write(seg, svc, dat)
-    counts[svc] = counts.get(svc, 0) + 1
     stats.count("messages")
     stats.count(svc)
   def drain() -> None:
@@ -161,7 +160,7 @@ def record(services: list[str], path: Path, segment_seconds: float, flush_second
   for s, n in malformed.items():
     if n: log.warning("%s: %d malformed messages not recorded", s, n)
   for r in recorders: log.info("%s video: %d frames%s", r.camera, r.frames, f", {r.torn} torn frames dropped" if r.torn else "")
-  return counts
+  return {k: n for k, n in stats.totals.items() if k in SERVICES}   # the per-service counters (not messages, video_connected)
 
 def main(argv: list[str] | None = None) -> int:
   logged = [s for s, v in SERVICES.items() if v.should_log]
