@@ -35,14 +35,17 @@ class Notify:
       self.sock.bind(self.addr)
     self.messages: list[str] = []
 
+  def _recv(self, deadline: float) -> str | None:
+    """The next datagram (kept in self.messages), or None at the deadline."""
+    self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+    try: self.messages.append(msg := self.sock.recv(4096).decode())
+    except TimeoutError: return None
+    return msg
+
   def wait(self, pattern: str, timeout: float) -> list[str]:
     """Every datagram so far, up to and including the first that has a line matching the regex `pattern` (from its start)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-      self.sock.settimeout(max(0.01, deadline - time.monotonic()))
-      try: msg = self.sock.recv(4096).decode()
-      except TimeoutError: break
-      self.messages.append(msg)
+    while time.monotonic() < deadline and (msg := self._recv(deadline)) is not None:
       if any(re.match(pattern, l) for l in msg.splitlines()): return self.messages
     raise TimeoutError(f"no {pattern} on the notify socket within {timeout} s; got {self.messages}")
 
@@ -55,10 +58,8 @@ class Notify:
     STATUS= per loop turn, so a frame's counts arrive right after its frame."""
     deadline = time.monotonic() + timeout
     while (n := self.count(key)) < total:
-      if (left := deadline - time.monotonic()) <= 0: raise TimeoutError(f"{key} counted {n} of {total} times within {timeout} s")
-      self.sock.settimeout(left)
-      try: self.messages.append(self.sock.recv(4096).decode())
-      except TimeoutError: pass
+      if time.monotonic() >= deadline: raise TimeoutError(f"{key} counted {n} of {total} times within {timeout} s")
+      self._recv(deadline)
 
   def close(self) -> None: self.sock.close()
 
