@@ -129,7 +129,7 @@ class RoadRunner:
     frames = {'img': self.cameras.get(main_buf, self.main_layout), 'big_img': self.cameras.get(extra_buf, self.extra_layout)}
     warp_in = {k: {'queue': self.queues[k], 'frame': frames[k], 'transform': self.transforms[k][1]} for k in self.warps}
     for k, w in self.warps.items(): w.check(warp_in[k])   # both before either replays: a bad input must not advance a queue
-    imgs = {k: w.jit(**warp_in[k]) for k, w in self.warps.items()}
+    imgs = {k: w.dispatch(**warp_in[k]) for k, w in self.warps.items()}
 
     # desire is a pulse on the rising edge (index 0, no desire, never pulses), seen by the frame's edge detection even
     # when the frame only prepares

@@ -30,3 +30,23 @@ def test_host_replay_matches_the_jit_with_changing_pointers_and_host_inputs():
       got = replay(frame=camera_tensor(b.ctypes.data, b.nbytes), scale=host_tensor(scale), state=twin_state).numpy()
     np.testing.assert_array_equal(got, want)
   assert replay is not None and any(type(s).__name__ == '_Launch' for s in replay.steps)
+
+def test_the_signature_check_is_kept_once_per_set_of_inputs_and_holds_no_input():
+  import gc, weakref
+  import pytest
+  from tinygrad.engine.jit import JitError
+  def fn(frame: Tensor, scale: Tensor) -> Tensor: return (frame.to('CPU').cast('float32').reshape(16, 16).sum(1) * scale.to('CPU')[0]).realize()
+  jit = TinyJit(fn)
+  buf, scale = aligned_empty(256), np.ones(1, np.float32)
+  frame, s = camera_tensor(buf.ctypes.data, buf.nbytes), host_tensor(scale)
+  for _ in range(2): jit(frame=frame, scale=s)
+  replay = HostReplay(jit)
+  for i in range(3):   # the same Tensors every frame, as the daemons keep them: new bytes, new outputs
+    buf[:], scale[0] = i + 1, 2 + i
+    np.testing.assert_array_equal(replay(frame=frame, scale=s).numpy(), np.full(16, 16 * (i + 1) * (2 + i), np.float32))
+  assert len(replay._checked) == 1
+  with pytest.raises(JitError, match='args mismatch'): replay(frame=frame, scale=host_tensor(np.ones(1, np.float64)))
+  ref = weakref.ref(frame.uop)
+  del frame
+  gc.collect()
+  assert ref() is None, "HostReplay keeps a from_blob input alive past its last Tensor"
