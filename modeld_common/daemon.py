@@ -124,7 +124,10 @@ class FrameModel:
     from modelrt.guard import InputSpecError
     if (t := self.sm.logMonoTime['liveCalibration']) != self._calib_t:   # a new calibration applies from this frame on
       self._calib_t = t
-      if self.sm.seen['liveCalibration']: self.calib.update(self.sm['liveCalibration'].rpyCalib)
+      if self.sm.seen['liveCalibration']:
+        errors = self.calib.errors
+        self.calib.update(self.sm['liveCalibration'].rpyCalib)
+        if self.calib.errors != errors: self.stats.count('bad_calibration')
     fid, t0 = frames[0].frame_id, time.perf_counter()
     if (kw := self.inputs(*frames)) is None: return []
     try: out = self.runner.run(**kw)
@@ -161,14 +164,21 @@ class ModelDaemon:
     self.log = logging.getLogger(self.name)
     self.stats = Stats(self.log, args.stats_interval)
     self.pm, self.sm = messaging.PubMaster(self.MODEL.PUBLISHES), messaging.SubMaster(self.MODEL.SUBSCRIBES)
-    self.artifact, self.models, self.ready = None, {}, False
+    self.artifact, self.models, self.ready, self._malformed = None, {}, False, 0
 
   def tick(self) -> None:
     """Between frames and while waiting: the watchdog, the stats, and the messages (so they stay current, and a new
     publisher's subscription goes live, even while no frame comes)."""
     self.watchdog.kick()
     self.stats.tick()
+    self.update_messages()
+
+  def update_messages(self) -> None:
+    """The newest of each subscribed message; those dropped as malformed are counted in the stats."""
     self.sm.update(0)
+    if (n := sum(self.sm.malformed.values())) != self._malformed:
+      self.stats.count('malformed', n - self._malformed)
+      self._malformed = n
 
   def clients(self, streams: set[int]) -> list | None:
     """The VisionIpcClients to connect for these streams, or None (logged) if the server lacks what is needed."""
@@ -190,13 +200,14 @@ class ModelDaemon:
       self.tick()
       if not all(c.is_connected() for c in clients):
         self.log.warning("camera server %r restarted or went away: reconnecting", self.args.camera_server)
-        return
+        break
       if (frames := receive()) is None:
-        if watch.changed(): return
+        if watch.changed(): break
         continue
       watch.frame()
-      self.sm.update(0)
+      self.update_messages()
       for name, msg in model.step(*frames): self.pm.send(name, msg)
+    if not self.stop: self.stats.count('disconnects')
 
   def run(self) -> int:
     from modelrt.artifact import load_artifact
@@ -215,6 +226,7 @@ class ModelDaemon:
         try:
           if not connect(clients, self.stop, self.tick): continue
           self.log.info("connected to %r: %s", server, ', '.join(f"stream {c.stream} ({c.layout})" for c in clients))
+          self.stats.count('connects')
           if (model := self.models.get(key := tuple((c.stream, str(c.layout)) for c in clients))) is None:
             model = self.models[key] = self.make_model(clients)
             model.runner.warmup()

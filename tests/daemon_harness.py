@@ -1,8 +1,9 @@
 """Running a daemon (modeld, dmonitoringd) as a real child process against a real camera server and real sockets.
 
 The test process is the camera (a VisionIpcServer publishing frames and camera-state messages), the car (PubMaster
-for calibration, carState, ...) and the service manager (a datagram NOTIFY_SOCKET). The child's stderr is collected
-line by line so a test can wait for a log line instead of sleeping.
+for calibration, carState, ...) and the service manager (a datagram NOTIFY_SOCKET): tests wait on the daemon's
+STATUS= counts and on its messages, never on sleeps or log text. The child's stderr is collected, to show when a test
+fails.
 """
 import os, re, signal, socket, subprocess, sys, tempfile, threading, time
 import numpy as np
@@ -80,29 +81,16 @@ class Daemon:
       self.cmd = [sys.executable, '-c', wrapper]
     self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
     self.lines: list[str] = []
-    self.cond = threading.Condition()
+    self.lock = threading.Lock()
     self.reader = threading.Thread(target=self._read, daemon=True)
     self.reader.start()
 
   def _read(self) -> None:
     for line in self.proc.stderr:
-      with self.cond:
-        self.lines.append(line.rstrip('\n'))
-        self.cond.notify_all()
-
-  def wait_line(self, pattern: str, timeout: float = 10., start: int = 0) -> re.Match:
-    """The first stderr line from index `start` on matching the regex."""
-    rx, deadline = re.compile(pattern), time.monotonic() + timeout
-    with self.cond:
-      while True:
-        for line in self.lines[start:]:
-          if m := rx.search(line): return m
-        if (left := deadline - time.monotonic()) <= 0 or (self.proc.poll() is not None and not self.reader.is_alive()):
-          raise TimeoutError(f"no line matching {pattern!r} within {timeout} s; stderr:\n" + '\n'.join(self.lines[-40:]))
-        self.cond.wait(min(left, 0.1))
+      with self.lock: self.lines.append(line.rstrip('\n'))
 
   def stderr(self) -> str:
-    with self.cond: return '\n'.join(self.lines)
+    with self.lock: return '\n'.join(self.lines)
 
   def stop(self, timeout: float = 5.) -> tuple[int, float]:
     """SIGTERM; (exit code, seconds until it exited)."""

@@ -8,7 +8,7 @@ import contextlib, os, re, shutil, subprocess, sys, time
 import numpy as np
 import pytest
 from tests.artifacts import REPO, build
-from tests.daemon_harness import Camera, Collector, Daemon
+from tests.daemon_harness import Camera, Collector, Daemon, Notify
 from cereal import messaging
 from camerad.render import SceneRenderer
 from camerad.scene import load_scene
@@ -33,8 +33,10 @@ class Stack:
   """A daemon on its own OPENPILOT_PREFIX for the whole module; `serve` runs camerad on a scene against it."""
   def __init__(self, module: str, artifacts, output: str, cameras: str, prime: str):
     self.prefix, self.output, self.cameras = f"e2e{module[:2]}{os.getpid()}{time.monotonic_ns() % 10**6}", output, cameras
-    self.daemon = Daemon(module, artifacts, env={'OPENPILOT_PREFIX': self.prefix})
-    self.daemon.wait_line(r"waiting for camera server", timeout=60)   # its publishers are up: a subscriber is live at once
+    # a STATUS= per loop turn: the totals of camera sessions (connects, disconnects) arrive as they change
+    self.notify, self.sessions = Notify(), 0
+    self.daemon = Daemon(module, artifacts, '--stats-interval', '0', notify=self.notify, env={'OPENPILOT_PREFIX': self.prefix})
+    self.notify.wait('STATUS=', 60)   # its loop turns, waiting for a camera: its publishers are up, a subscriber is live at once
     self.runs: dict[tuple, dict[int, object]] = {}
     # camerad sends liveCalibration with every 5th frame, and a daemon's subscription to a new camerad is live only
     # once it reads again (after a frame): the first message can be missed. A short first run calibrates the daemon
@@ -75,14 +77,16 @@ class Stack:
       else: os.environ['OPENPILOT_PREFIX'] = old
 
   def camera_gone(self) -> None:
-    """Call when the camera server has exited: waits until the daemon noticed (it waits for a server again, a second
-    after the last frame), so that the next server gets fresh clients. (A camera server back within that second is
-    served by the old clients, whose subscriptions ZMQ renews only when they read: modeld does not read the wide road
-    stream while idle, and a lockstep camerad waits for that client forever.)"""
-    self.daemon.wait_line(r"waiting for camera server", timeout=10, start=len(self.daemon.lines))
+    """Call when the camera server has exited: waits until the daemon noticed (it ends the session a second after the
+    last frame and waits for a server again), so that the next server gets fresh clients. (A camera server back within
+    that second is served by the old clients, whose subscriptions ZMQ renews only when they read: modeld does not read
+    the wide road stream while idle, and a lockstep camerad waits for that client forever.)"""
+    self.sessions += 1
+    self.notify.wait_count('disconnects', self.sessions)
 
   def close(self) -> None:
     rc, _ = self.daemon.stop()
+    self.notify.close()
     with self.env(): shutil.rmtree(runtime_dir())   # the publishers' lock files
     assert rc == 0
 
@@ -154,12 +158,11 @@ def test_daemon_uses_calibration(road):
   sc = load_scene('curve')
   layout = NV12Layout.packed(sc.cameras['road'].width, sc.cameras['road'].height)
   rend = {s: SceneRenderer(sc, c, layout) for s, c in ((ROAD, 'road'), (WIDE_ROAD, 'wide'))}
-  start = len(road.daemon.lines)
   with road.env():   # camerad runs of this module have ended: the camera and the calibration are ours
     cam, pm, col = Camera({ROAD: layout, WIDE_ROAD: layout}), messaging.PubMaster(['liveCalibration']), Collector(['modelV2'])
   errs = {}
   try:
-    road.daemon.wait_line(r"connected to 'camerad'", timeout=10, start=start)   # frames sent before would be lost
+    road.notify.wait_count('connects', road.sessions + 1)   # frames sent before would be lost
     # and calibrations sent before the daemon subscribed to this new publisher (it re-tries every 0.5 s at most)
     assert pm.wait_for_readers_to_update('liveCalibration', 10)
     for phase, rpy in (('right', sc.calib), ('zero', (0., 0., 0.))):

@@ -96,7 +96,7 @@ def test_malformed_messages_at_100hz_on_every_input_cost_no_output(daemon, tiny_
         last = col.wait(s, n)[-1]
         assert s == 'driverMonitoringState' or getattr(last, s).frameId == n
     counts = faults.stop()
-    d.wait_line(r'dropped malformed message on ')
+    notify.wait_count('malformed', 1)   # garbage is dropped and counted (what conflation skips is neither)
   finally:
     faults.stop()
     rc, _ = d.stop()
