@@ -29,6 +29,8 @@ class Runners:
   def __init__(self, artifacts: str):
     from modelrt.artifact import load_artifact
     self.arts = {f: load_artifact(artifacts, f) for f in ('road', 'dm')}
+    for art in self.arts.values():   # ready to serve at speed, as a daemon after its warm-up (the warps: per layout, later)
+      for m in art.models.values(): m.dispatch.bind()
     self.runners, self.bufs = {}, {}
 
   def get(self, family: str, layouts: tuple):

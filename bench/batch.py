@@ -2,15 +2,16 @@
 """Batch benchmark: modeld-batch on a local Ray with 1 worker, then 2, over the same routes, in one run.
 
 Writes routes of the shipped synthetic scene (road, wide road and driver at 1928x1208, HEVC) with the project's
-route writer, builds the reference artifact for their buffers, then runs `modeld-batch` twice. It prints segments/min
-of each run (over the segments' time: from the workers ready to the last result, from its summary), the start-up
+route writer, builds the reference artifact for their buffers, then runs `modeld-batch` with 1 and with 2 workers,
+alternating, `--repeats` times each (a shared host's load moves one run by 20%; the median of each is what counts). It
+prints segments/min of each setting (over the segments' time: from the workers ready to the last result, from its summary), the start-up
 before it (Ray's own, then the workers': processes started, artifacts loaded), the frames/s each worker
 served (frames over the sum of the segments' times on their workers: decoding, both models, the messages, the log)
 next to the bare replays of both models in this process, and last the 2-worker/1-worker ratio (target on a 2-core
 machine: at least 1.7), and the same ratio over the whole runs, start-ups included (they do not shrink with more
 workers, so on routes this short they weigh; on a night's job they do not).
 
-usage: bench/batch.py [--routes 3] [--segments 2] [--frames 40]
+usage: bench/batch.py [--routes 3] [--segments 2] [--frames 40] [--repeats 3]
 """
 import argparse, json, os, pathlib, subprocess, sys, tempfile, time
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -30,6 +31,7 @@ def main() -> None:
   ap.add_argument('--routes', type=int, default=3)
   ap.add_argument('--segments', type=int, default=2)
   ap.add_argument('--frames', type=int, default=40, help='frames per segment')
+  ap.add_argument('--repeats', type=int, default=3, help='runs of each setting, alternating (the median counts)')
   args = ap.parse_args()
   from msgq.visionipc.layout import NV12Layout
   layout = NV12Layout.packed(1928, 1208)
@@ -43,13 +45,18 @@ def main() -> None:
     n = args.routes * args.segments
     print(f"{args.routes} routes x {args.segments} segments x {args.frames} frames x 3 cameras written: {time.perf_counter() - t:.1f} s")
     bare = bare_rates(art, layout)
+    runs: dict[int, list[dict]] = {1: [], 2: []}
+    for i in range(args.repeats):
+      for w in runs: runs[w].append(run_batch(routes, art, d / f"out{w}-{i}", w))
     rates, whole = {}, {}
-    for w in (1, 2):
-      s = run_batch(routes, art, d / f"out{w}", w)
+    for w, ss in runs.items():
+      s = sorted(ss, key=lambda s: s['job_s'])[len(ss) // 2]   # the median run
+      times = ', '.join(f"{x['job_s']:.1f}" for x in ss)
       frames, busy = sum(r['frames'] for r in s['routes']), sum(r['wall_s'] for r in s['routes'])
       rates[w], whole[w] = n / s['job_s'] * 60, n / s['wall_s'] * 60
       print(f"{w} worker{'s' if w > 1 else ''}: {rates[w]:.1f} segments/min ({n} segments in {s['job_s']:.1f} s, after Ray's start-up "
-            f"{s['ray_s']:.1f} s and the workers' {s['start_s']:.1f} s; {s['wall_s']:.1f} s in all), {frames / busy:.1f} frames/s per worker")
+            f"{s['ray_s']:.1f} s and the workers' {s['start_s']:.1f} s; {s['wall_s']:.1f} s in all), {frames / busy:.1f} frames/s per worker; "
+            f"median of {len(ss)} runs ({times} s)")
     print(f"bare replays in this process: modeld {bare['modeld']:.1f} frames/s, dmonitoringd {bare['dmonitoringd']:.1f} frames/s, "
           f"both in turn {1 / (1 / bare['modeld'] + 1 / bare['dmonitoringd']):.1f} frames/s")
   print(f"segments/min, 2 workers / 1 worker: {rates[2] / rates[1]:.2f} (target >= 1.7 on 2 cores); "
