@@ -49,8 +49,9 @@ def _bindable(call: UOp) -> bool:
 
 class HostReplay:
   """A captured TinyJit whose CPU kernels launch without tinygrad's per-call exec path. Called like the JIT (keyword
-  Tensor inputs, returns the captured output Tensor). The launches are bound at the first call, so the JIT is not
-  linked (`captured.linear`) before its first replay, as with tinygrad's own; a JIT with no CPU kernel replays as is."""
+  Tensor inputs, returns the captured output Tensor). The launches are bound at the first call (or at `bind()`), so
+  the JIT is not linked (`captured.linear`) before its first replay, as with tinygrad's own; a JIT with no CPU kernel
+  replays as is."""
   def __init__(self, jit):
     self.jit, self.steps = jit, None
     self._checked: dict[tuple, tuple] = {}   # ids of the input UOps -> (weak refs to them, var values): passed the check
