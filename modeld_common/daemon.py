@@ -219,19 +219,21 @@ class ModelDaemon:
       self.artifact = load_artifact(self.args.artifacts, self.family)
       self.log.info("loaded %s in %.2f s (layouts: %s)", self.artifact.dir, time.perf_counter() - t, ', '.join(self.artifact.layouts))
       while not self.stop:
+        self.stats.set_state(f"waiting for camera server {server!r}")
         if (streams := wait_for_streams(server, self.stop, self.tick)) is None: break
         if (clients := self.clients(streams)) is None:
           time.sleep(1)
           continue
         try:
           if not connect(clients, self.stop, self.tick): continue
-          self.log.info("connected to %r: %s", server, ', '.join(f"stream {c.stream} ({c.layout})" for c in clients))
+          self.log.info("connected to %r: %s", server, streams_desc := ', '.join(f"stream {c.stream} ({c.layout})" for c in clients))
           self.stats.count('connects')
           if (model := self.models.get(key := tuple((c.stream, str(c.layout)) for c in clients))) is None:
             model = self.models[key] = self.make_model(clients)
             model.runner.warmup()
+          self.stats.set_state(f"serving {server!r}: {streams_desc}")
           if not self.ready:
-            notify('READY=1', f'STATUS=running on {server} streams {[c.stream for c in clients]}')
+            notify('READY=1')
             self.ready = True
             self.log.info("ready")
           self.serve(model, StreamWatch(server, streams, clients[0].server_id), clients)

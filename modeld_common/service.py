@@ -105,9 +105,10 @@ class StopFlag:
 
 class Stats:
   """Periodic summary: `count(k)`, `gauge(k, v)`, `timing(k, seconds)`; `tick()` logs and clears every `interval` s.
-  The rate is that of the counter `rate_key`."""
+  The rate is that of the counter `rate_key`. `set_state(s)` leads every STATUS= from then on (what the process is
+  doing: waiting for a camera, serving one), sent at once."""
   def __init__(self, logger: logging.Logger, interval: float = 10., rate_key: str = 'frames'):
-    self.logger, self.interval, self.rate_key = logger, interval, rate_key
+    self.logger, self.interval, self.rate_key, self.state = logger, interval, rate_key, ''
     self.counts: dict[str, int] = defaultdict(int)
     self.totals: dict[str, int] = defaultdict(int)
     self.gauges: dict[str, float] = {}
@@ -129,11 +130,18 @@ class Stats:
 
   def totals_line(self) -> str: return ' '.join(f"{k}={v}" for k, v in sorted(self.totals.items())) or 'nothing counted'
 
+  def _status(self, line: str) -> None: notify(f"STATUS={self.state}{'; ' if self.state and line else ''}{line} | totals {self.totals_line()}")
+
+  def set_state(self, state: str) -> None:
+    if state != self.state:
+      self.state = state
+      self._status('')
+
   def tick(self) -> str | None:
     if (dt := (now := time.monotonic()) - self.t0) < self.interval: return None
     line = self.summary(dt)
     self.logger.info("stats %s", line)
-    notify(f"STATUS={line} | totals {self.totals_line()}")
+    self._status(line)
     self.counts.clear()
     self.times.clear()
     self.t0 = now

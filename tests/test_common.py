@@ -133,3 +133,9 @@ def test_stats_summarise_per_interval(manager, caplog):
   line = stats.tick()
   assert line.startswith('rate=') and ' frames=1 ' in f'{line} ' and 'dropped' not in line
   assert manager.recv(4096).decode() == f'STATUS={line} | totals dropped=2 frames=5'
+  stats.set_state('serving x')   # sent at once, then leading every stats line
+  stats.set_state('serving x')   # no change: nothing sent
+  assert manager.recv(4096).decode() == 'STATUS=serving x | totals dropped=2 frames=5'
+  time.sleep(0.06)
+  line = stats.tick()
+  assert manager.recv(4096).decode() == f'STATUS=serving x; {line} | totals dropped=2 frames=5'

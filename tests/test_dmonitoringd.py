@@ -105,7 +105,7 @@ def test_daemon_frames_in_lockstep(artifacts, tmp_path):
       for side in (v.leftDriverData, v.rightDriverData):
         assert len(side.faceOrientation) == len(side.faceOrientationStd) == 3 and len(side.facePosition) == 2 and 0 <= side.faceProb <= 1
       time.sleep(0.02)
-    notify.wait(r'STATUS=rate=.* exec_ms_p50=', 5)
+    notify.wait(rf"STATUS=serving 'drivercam': stream {int(DRIVER)} \({LAYOUT}\); rate=.* exec_ms_p50=", 5)
     assert 'WATCHDOG=1' in notify.messages
   finally:
     d.proc.send_signal(signal.SIGINT)   # SIGINT stops it like SIGTERM

@@ -224,8 +224,9 @@ def test_daemon_frames_in_lockstep(artifacts, tmp_path):
       assert not mv2.valid and not odo.valid   # no calibration yet
       assert 0 < m.modelExecutionTime < 5 and len(m.rawPredictions) == 0
       time.sleep(0.02)
-    msgs = notify.wait(r'STATUS=rate=.* exec_ms_p50=', 5)
+    msgs = notify.wait(rf"STATUS=serving 'camerad': stream {int(ROAD)} \({LAYOUT}\), stream {int(WIDE_ROAD)} .*; rate=.* exec_ms_p50=", 5)
     assert 'WATCHDOG=1' in msgs and msgs.index('WATCHDOG=1') > [i for i, m in enumerate(msgs) if m.startswith('READY=1')][0]
+    assert msgs[0] == "STATUS=waiting for camera server 'camerad' | totals nothing counted"   # what it does, first of all
   finally:
     rc, dt = d.stop()
     cam.close(); col.close(); notify.close()
