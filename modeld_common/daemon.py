@@ -125,9 +125,8 @@ class FrameModel:
     if (t := self.sm.logMonoTime['liveCalibration']) != self._calib_t:   # a new calibration applies from this frame on
       self._calib_t = t
       if self.sm.seen['liveCalibration']:
-        errors = self.calib.errors
         self.calib.update(self.sm['liveCalibration'].rpyCalib)
-        if self.calib.errors != errors: self.stats.count('bad_calibration')
+        if not self.calib.valid: self.stats.count('bad_calibration')   # a good one always makes it valid, a bad one never
     fid, t0 = frames[0].frame_id, time.perf_counter()
     if (kw := self.inputs(*frames)) is None: return []
     try: out = self.runner.run(**kw)
@@ -164,7 +163,7 @@ class ModelDaemon:
     self.log = logging.getLogger(self.name)
     self.stats = Stats(self.log, args.stats_interval)
     self.pm, self.sm = messaging.PubMaster(self.MODEL.PUBLISHES), messaging.SubMaster(self.MODEL.SUBSCRIBES)
-    self.artifact, self.models, self.ready, self._malformed = None, {}, False, 0
+    self.artifact, self.models, self.ready = None, {}, False
 
   def tick(self) -> None:
     """Between frames and while waiting: the watchdog, the stats, and the messages (so they stay current, and a new
@@ -176,9 +175,7 @@ class ModelDaemon:
   def update_messages(self) -> None:
     """The newest of each subscribed message; those dropped as malformed are counted in the stats."""
     self.sm.update(0)
-    if (n := sum(self.sm.malformed.values())) != self._malformed:
-      self.stats.count('malformed', n - self._malformed)
-      self._malformed = n
+    if (new := sum(self.sm.malformed.values()) - self.stats.totals.get('malformed', 0)) > 0: self.stats.count('malformed', new)
 
   def clients(self, streams: set[int]) -> list | None:
     """The VisionIpcClients to connect for these streams, or None (logged) if the server lacks what is needed."""
