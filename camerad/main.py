@@ -46,7 +46,8 @@ examples:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
   ap = argparse.ArgumentParser(prog="camerad", description="Serve camera frames into VisionIPC with their camera-state messages.",
                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--source", action="append", required=True, metavar="SPEC", help="what to serve (see sources below)")
+  ap.add_argument("--source", action="extend", nargs="+", required=True, metavar="SPEC",
+                  help="what to serve (see sources below); several after one --source, or --source repeated")
   ap.add_argument("--name", default="camerad", help="VisionIPC server name (default: camerad)")
   ap.add_argument("--cameras", metavar="LIST", help="synthetic only: comma-separated subset of road,wide,driver to serve")
   ap.add_argument("--services", metavar="LIST", help="LOG only: comma-separated services to republish "

@@ -2,7 +2,8 @@
 
 An output is taken per frame (modelV2 by its frameId, driverStateV2 by its frameId), optionally mapped to the frame it
 was computed from in another route (frame_map). Fields are flattened float arrays; two frames differ by the largest
-absolute difference of their values (a different number of values counts as an infinite difference).
+absolute difference of their values (a different number of values, or a NaN on one side only, counts as an infinite
+difference).
 """
 from __future__ import annotations
 from dataclasses import dataclass, field
@@ -64,6 +65,13 @@ class FieldDiff:
   mean: float = 0.                      # of each frame's largest difference
   worst: list[tuple[float, int]] = field(default_factory=list)   # (difference, reference frame id), largest first
 
+def difference(x: np.ndarray, y: np.ndarray) -> float:
+  """Largest |x - y|. Values equal on both sides (NaN included) differ by 0; a NaN on one side only, or another shape,
+  differs by inf, so a model that starts to output NaN fails any tolerance."""
+  if x.shape != y.shape: return float("inf")
+  with np.errstate(invalid="ignore"): d = np.where((x == y) | (np.isnan(x) & np.isnan(y)), 0., np.abs(x - y))
+  return float(np.nan_to_num(d, nan=np.inf).max(initial=0.))
+
 def compare(ref: dict, new: dict, top: int = 5) -> list[FieldDiff]:
   """Per service and field, the differences of new against ref (both {service: {frame: {field: values}}})."""
   diffs = []
@@ -72,9 +80,7 @@ def compare(ref: dict, new: dict, top: int = 5) -> list[FieldDiff]:
     common = sorted(a.keys() & b.keys())
     for f in fields:
       per_frame = []
-      for fid in common:
-        x, y = a[fid][f], b[fid][f]
-        per_frame.append((float(np.abs(x - y).max(initial=0.)) if x.shape == y.shape else float("inf"), fid))
+      for fid in common: per_frame.append((difference(a[fid][f], b[fid][f]), fid))
       d = np.array([p for p, _ in per_frame])
       diffs.append(FieldDiff(svc, f, len(common), len(a.keys() - b.keys()), len(b.keys() - a.keys()), float(d.max(initial=0.)),
                              float(d.mean()) if len(d) else 0., sorted(per_frame, reverse=True)[:top]))

@@ -39,16 +39,37 @@ def test_route_without_frames_is_refused(scene, tmp_path):
   assert r.returncode == 0 and "messages only" in r.stderr, r.stderr
   r = run("camerad", "--source", tmp_path / "nothing" / "here", timeout=30)
   assert r.returncode == 1 and "no such" in r.stderr, r.stderr
+  write_route(tmp_path / "other", scene, segments=1, frames=3)   # frame ids and segment numbers of two routes would collide
+  r = run("camerad", "--source", tmp_path / "route" / "route--0", tmp_path / "other", "--messages-only", timeout=30)
+  assert r.returncode == 1 and "segments of 2 routes" in r.stderr and "one route at a time" in r.stderr, r.stderr
+
+def test_messages_keep_their_recorded_times(scene, tmp_path):
+  """Messages between two frames go out one by one at their own recorded times (carState at 100 Hz stays 100 Hz, not
+  bursts at the frame rate), after every stream's state of the frame before them."""
+  from camerad.sources import LogSource
+  from cereal.messaging import log_from_bytes
+  from tests import openpilot_ref as op
+  def car(fid: int, t: int) -> list:
+    return [op.log.Event.new_message(logMonoTime=t + k * 10_000_000, valid=True, carState={"vEgo": fid + k / 10}) for k in range(1, 5)]
+  write_route(tmp_path / "route", scene, segments=1, frames=4, extra=car)
+  src = LogSource([str(tmp_path / "route")])
+  ticks = list(src.ticks())
+  cars = [(tk.t, ev.logMonoTime / 1e9) for tk in ticks if not tk.frames for _, dat in tk.msgs
+          for ev in [log_from_bytes(dat)] if ev.which() == "carState"]
+  assert len(cars) == 4 * 5 - 1 and all(len(tk.msgs) == 1 for tk in ticks if not tk.frames and tk.index == -1), \
+    "each message its own tick (the first frame's carState goes out with that frame)"
+  assert all(a == b for a, b in cars) and [a for a, _ in cars] == sorted(a for a, _ in cars)
 
 def test_modeld_replay_compares_with_logged_outputs(tiny_artifacts, scene, tmp_path):
-  """modeld-replay on a route without outputs reports nothing to compare; on the same route with those outputs logged
-  (as a car's daemons would have) it finds them again exactly; with one logged value moved it exits 1 past the
-  tolerance, naming the field and the frame."""
+  """modeld-replay on a route without outputs (three cameras; given as its two segment folders) reports nothing to
+  compare; on the same route with those outputs logged (as a car's daemons would have) it finds them again exactly;
+  with one logged value moved, and a NaN in another, it exits 1 past the tolerance, naming the fields and the frame."""
   from oproute import LogReader
   from tests import openpilot_ref as op
-  write_route(tmp_path / "plain", scene)
-  r = run("modeld_tools.replay", tmp_path / "plain", "--artifacts", tiny_artifacts, "--out", tmp_path / "first")
-  assert r.returncode == 0 and "the route logged no modelV2: 20 new ones" in r.stdout, r.stdout + r.stderr
+  cams = ("road", "wide", "driver")
+  write_route(tmp_path / "plain", scene, cams)
+  r = run("modeld_tools.replay", tmp_path / "plain" / "plain--0", tmp_path / "plain" / "plain--1", "--artifacts", tiny_artifacts, "--out", tmp_path / "first")
+  assert r.returncode == 0 and "replayed road, driver, wide of" in r.stdout and "the route logged no modelV2: 20 new ones" in r.stdout, r.stdout + r.stderr
   logged = {}
   for dat, ev in LogReader(tmp_path / "first").raw():
     if ev.which() in ("modelV2", "driverStateV2"): logged[(ev.which(), getattr(ev, ev.which()).frameId)] = dat
@@ -59,16 +80,17 @@ def test_modeld_replay_compares_with_logged_outputs(tiny_artifacts, scene, tmp_p
         with op.log.Event.from_bytes(logged[(svc, fid)]) as ev: b = ev.as_builder()
         b.logMonoTime = t
         if svc == "modelV2" and fid == moved: b.modelV2.position.y = [y + 0.5 for y in b.modelV2.position.y]
+        if svc == "modelV2" and moved and fid == moved + 2: b.modelV2.laneLines[0].y[3] = float("nan")
         evs.append(b)
       return evs
     return extra
-  write_route(tmp_path / "logged", scene, extra=outputs(None))
+  write_route(tmp_path / "logged", scene, cams, extra=outputs(None))
   r = run("modeld_tools.replay", tmp_path / "logged", "--artifacts", tiny_artifacts, "--out", tmp_path / "second", "--tolerance", "0")
   assert r.returncode == 0, r.stdout + r.stderr
   rows = {l.split()[0]: l.split()[1:] for l in r.stdout.splitlines() if l.startswith(("modelV2.", "driverStateV2."))}
   assert rows["modelV2.position"][:5] == ["20", "0", "0", "0", "0"] and rows["driverStateV2.faceOrientation"][:5] == ["20", "0", "0", "0", "0"]
-  write_route(tmp_path / "moved", scene, extra=outputs(107))
+  write_route(tmp_path / "moved", scene, cams, extra=outputs(107))
   r = run("modeld_tools.replay", tmp_path / "moved", "--artifacts", tiny_artifacts, "--out", tmp_path / "third", "--tolerance", "0.1", "--frames", "12")
-  assert r.returncode == 1 and "past the tolerance 0.1: modelV2.position" in r.stderr, r.stdout + r.stderr
+  assert r.returncode == 1 and "past the tolerance 0.1: modelV2.position, modelV2.laneLines" in r.stderr, r.stdout + r.stderr
   row = next(l for l in r.stdout.splitlines() if l.startswith("modelV2.position")).split()
   assert row[1:4] == ["12", "0", "0"] and float(row[4]) == 0.5 and row[6] == "107", row
