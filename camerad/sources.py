@@ -18,7 +18,7 @@ from cereal.services import CAMERAS, SERVICES
 from msgq.visionipc import NV12Layout
 from camerad.render import SceneRenderer
 from camerad.scene import SceneError, load_scene
-from oproute.logreader import LogReader, log_files
+from oproute.logreader import LogReader, log_files, routes_of
 from oproute.video import DEFAULT_FPS, CameraVideo, EncodeIndex, VideoDecoder, VideoError, fill_frame
 
 STREAMS = {name: c.stream for name, c in CAMERAS.items()}
@@ -148,6 +148,9 @@ class LogSource(Source):
     self.paths = paths
     try: self.files = log_files(paths, "a")   # rlogs; a segment without one falls back to its qlog
     except (OSError, ValueError) as e: raise SourceError(f"log {' '.join(paths)}: {e}") from None
+    if len(routes := routes_of(self.files)) > 1:   # frame ids and segment numbers start again in each route
+      raise SourceError(f"log {' '.join(paths)}: segments of {len(routes)} routes ({', '.join(routes)}); camerad serves one route "
+                        f"at a time: give one route, or segments of one")
     recorded, index, self.sensor = self._scan()
     self.videos, self.streams, self.unserved = {}, {}, []   # unserved: why a camera with states has no frame to serve
     for cam, c in CAMERAS.items():
@@ -177,11 +180,12 @@ class LogSource(Source):
     return list(seen), index, sensor
 
   def ticks(self, start: int = 0) -> Iterator[Tick]:
-    # messages before the first frame go out with it (the newest of each service), not at their recorded pace
+    # messages before the first frame go out with it (the newest of each service), not at their recorded pace; those
+    # after a frame wait until all its streams' states were read, then each goes out at its own recorded time
     tick, after, early = None, [], {} if self.streams else None
     def flush() -> Iterator[Tick]:
       if tick is not None: yield tick
-      if after: yield Tick(-1, after[0][0], msgs=[m for _, m in after])
+      for t, m in after: yield Tick(-1, t, msgs=[m])
     try:
       for dat, ev in LogReader(self.files, sort_by_time=True).raw():
         w, t = ev.which(), ev.logMonoTime / 1e9
@@ -199,7 +203,7 @@ class LogSource(Source):
           tick.states[stream] = st
         elif w in self.replay:
           if early is not None: early[w] = dat
-          elif tick is not None: after.append((t, (w, dat)))   # goes right after the frame it follows (all its streams)
+          elif tick is not None: after.append((t, (w, dat)))
           else: yield Tick(-1, t, msgs=[(w, dat)])
       yield from flush()
     finally:

@@ -191,7 +191,7 @@ struct EncodeIndex {   # where an encoded camera frame is: roadEncodeIdx, wideRo
   segmentIdEncode @5 :UInt32;  # the same, encode order
   timestampSof @6 :UInt64;
   timestampEof @7 :UInt64;
-  flags @8 :UInt32;            # 1: a keyframe
+  flags @8 :UInt32;            # V4L2 buffer flags: 8 (V4L2_BUF_FLAG_KEYFRAME) on a keyframe
   len @9 :UInt32;              # bytes of the encoded frame
 
   enum Type {

@@ -8,7 +8,7 @@ partial message that the framing detects. Bytes that are not a whole, valid Even
 `warnings`, never yielded; an event of a union member this schema does not know is yielded as an `UnknownEvent`.
 """
 from __future__ import annotations
-import bz2, logging, re, struct
+import bz2, enum, logging, re, struct
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Iterator
@@ -17,6 +17,14 @@ from cereal.messaging import MalformedMessageError, UnknownMemberError, log_from
 
 logger = logging.getLogger(__name__)
 LOG_NAMES = {"r": ("rlog.zst", "rlog.bz2", "rlog"), "q": ("qlog.zst", "qlog.bz2", "qlog")}
+
+class ReadMode(enum.StrEnum):
+  """Which log of each segment to read, as openpilot names the modes."""
+  RLOG = "r"               # rlogs only
+  QLOG = "q"               # qlogs only
+  AUTO = "a"               # the rlog, else the qlog (with a warning)
+  AUTO_INTERACTIVE = "i"   # openpilot asks before it falls back; nothing here prompts, so: as AUTO
+MODES = tuple(m.value for m in ReadMode)
 MAX_SEGMENTS = 512   # Cap'n Proto's own reader limit on segments per message
 ZSTD_MAGIC, BZ2_MAGIC = b"\x28\xb5\x2f\xfd", b"BZh"
 
@@ -76,50 +84,112 @@ def segment_number(p: Path) -> int:
   m = re.search(r"--(\d+)$", p.name)
   return int(m.group(1)) if m else -1
 
+def route_name(seg: Path) -> str:
+  """The route a segment folder belongs to: its name without `--<n>` (a folder not named as a segment: its name)."""
+  return seg.name[:seg.name.rindex("--")] if segment_number(seg) >= 0 else seg.name
+
 def segment_log(seg: Path, mode: str = "r") -> Path | None:
-  """The segment's log file: mode 'r' rlog, 'q' qlog, 'a' rlog if there is one, else qlog."""
-  for kind in ("rq" if mode == "a" else mode):
+  """The segment's log file: mode 'r' rlog, 'q' qlog, 'a' (or 'i') rlog if there is one, else qlog."""
+  for kind in ("rq" if mode in "ai" else mode):
     for name in LOG_NAMES[kind]:
       if (seg / name).is_file(): return seg / name
   return None
 
 def segment_dirs(path: str | Path) -> list[Path]:
   """The segment folders of a route, in order: PATH itself if it is a segment, the segments inside PATH (a route
-  folder), or the folders PATH--<n> beside it (a device's layout, PATH naming the route)."""
+  folder; a folder holding several routes' segments, as a device's `realdata/`, gives them route by route), or the
+  folders PATH--<n> beside it (a device's layout, PATH naming the route)."""
   p = Path(path)
   if p.is_dir() and segment_log(p, "a"): return [p]
   inside = [d for d in p.iterdir() if d.is_dir() and segment_number(d) >= 0] if p.is_dir() else []
-  beside = [d for d in p.parent.glob(f"{p.name}--*") if d.is_dir() and segment_number(d) >= 0 and d.name[:d.name.rindex("--")] == p.name] \
+  beside = [d for d in p.parent.glob(f"{p.name}--*") if d.is_dir() and segment_number(d) >= 0 and route_name(d) == p.name] \
     if p.parent.is_dir() else []
-  segs = sorted((d for d in inside or beside if segment_log(d, "a")), key=segment_number)
+  segs = sorted((d for d in inside or beside if segment_log(d, "a")), key=lambda d: (route_name(d), segment_number(d)))
   if not segs:
     raise FileNotFoundError(f"{p}: expected a log file, a segment folder (<route>--<n>/ with rlog or qlog), a route folder "
                             f"holding segments, or a route name whose segments sit beside it; found none")
   return segs
 
-def log_files(identifier: str | Path | list, mode: str = "r") -> list[Path]:
-  """The log files of log files, segments and routes, in order (a segment without the mode's log is an error)."""
-  if isinstance(identifier, (list, tuple)): return [f for i in identifier for f in log_files(i, mode)]
+def routes_of(files: list[Path]) -> list[str]:
+  """The routes log files belong to, in order: a segment's route is its folder's route name and where that folder is
+  (two runs' copies of one route are two routes); a lone log file is a route of its own folder."""
+  return list(dict.fromkeys(str(f.parent.parent / route_name(f.parent)) if segment_number(f.parent) >= 0 else str(f.parent) for f in files))
+
+SLICE = re.compile(r"-?\d+|-?\d*:-?\d*(?::-?\d+)?")
+
+def parse_identifier(identifier: str | Path) -> tuple[Path, str | None, str | None]:
+  """(path, segment slice, mode) of a route identifier as openpilot writes them: `ROUTE/2`, `ROUTE/2:5`, `ROUTE/-1`,
+  `ROUTE/q`, `ROUTE/1:3/a` (a path that exists is taken as it is)."""
   p = Path(identifier)
+  if p.exists() or len(p.parts) < 2: return p, None, None
+  *rest, last = p.parts
+  mode = last if last in MODES else None
+  if mode is not None: *rest, last = rest or [""]
+  sl = last if rest and SLICE.fullmatch(last) else None
+  if sl is None and mode is not None: rest.append(last)
+  return (Path(*rest), sl, mode) if rest and (sl or mode) else (p, None, None)
+
+def select_segments(segs: list[Path], sl: str, where: Path) -> list[Path]:
+  """The segments a slice names, as openpilot's segment ranges do: `N` one segment (negative: from the end), `A:B[:S]`
+  a Python slice over the numbers 0..last."""
+  if len(routes := {route_name(d) for d in segs}) > 1:
+    raise ValueError(f"{where}: holds {len(routes)} routes ({', '.join(sorted(routes))}): a segment range needs one route")
+  by_n, last = {segment_number(d): d for d in segs}, max(segment_number(d) for d in segs)
+  if ":" in sl: wanted = list(range(last + 1))[slice(*(int(x) if x else None for x in sl.split(":")))]
+  else: wanted = [int(sl) + (last + 1 if int(sl) < 0 else 0)]
+  if missing := [n for n in wanted if n not in by_n]:
+    raise FileNotFoundError(f"{where}/{sl}: no segment(s) {', '.join(map(str, missing))} (the route has {', '.join(map(str, sorted(by_n)))})")
+  return [by_n[n] for n in wanted]
+
+def log_files(identifier: str | Path | list, mode: str = "r") -> list[Path]:
+  """The log files of log files, segments and routes, in order (a segment without the mode's log is an error). A route
+  may carry a segment range and a mode, as openpilot's identifiers do: `ROUTE/2:4/q`."""
+  if isinstance(identifier, (list, tuple)): return [f for i in identifier for f in log_files(i, mode)]
+  p, sl, sel = parse_identifier(identifier)
+  mode = sel or mode
   if p.is_file(): return [p]
   if not p.exists() and not p.parent.is_dir(): raise FileNotFoundError(f"{p}: no such log, segment or route")
-  files = [(d, segment_log(d, mode)) for d in segment_dirs(p)]
+  segs = segment_dirs(p)
+  files = [(d, segment_log(d, mode)) for d in (select_segments(segs, sl, p) if sl else segs)]
   if missing := [d.name for d, f in files if f is None]:
-    raise FileNotFoundError(f"{p}: no {'/'.join(LOG_NAMES[mode[0]]) if mode != 'a' else 'log'} in segment(s) {', '.join(missing)} "
-                            f"(mode {mode!r}; 'a' falls back to the qlog)")
+    raise FileNotFoundError(f"{p}: no {'/'.join(LOG_NAMES[mode])} in segment(s) {', '.join(missing)} "
+                            f"(mode {mode!r}; 'a' falls back to the qlog)" if mode in "rq" else f"{p}: no log in segment(s) {', '.join(missing)}")
+  if mode in "ai" and (n := sum(f.name.startswith("qlog") for _, f in files)):
+    logger.warning("%s: %d/%d rlogs not found, reading the qlogs of those segments", p, n, len(files))
   return [f for _, f in files]
 
 class LogReader:
   """Events of log files, segments or routes (one, or a list), segment after segment.
 
   As openpilot's: `for ev in LogReader(path)`, `lr.filter('carState')` (the inner messages), `lr.first('initData')`,
-  `LogReader.from_bytes(dat)`; `default_mode` 'r' (rlogs), 'q' (qlogs) or 'a' (rlog, else qlog); `sort_by_time` orders
-  each file's events by logMonoTime; `only_union_types` leaves out events of members this schema does not know.
-  Added: `raw()` yields (bytes, event), the bytes exactly as logged; `warnings` lists what could not be read."""
-  def __init__(self, identifier: str | Path | list, default_mode: str = "r", sort_by_time: bool = False, only_union_types: bool = False):
-    if default_mode not in ("r", "q", "a"): raise ValueError(f"default_mode must be 'r', 'q' or 'a', got {default_mode!r}")
-    self.files = log_files(identifier, default_mode) if identifier is not None else []
+  `LogReader.from_bytes(dat)`, `lr.run_across_segments(n, func)`, `lr.reset()`; `default_mode` a ReadMode ('r' rlogs,
+  'q' qlogs, 'a' rlog else qlog, 'i' as 'a'), overridden per route by an identifier's own (`ROUTE/2:4/q`: segments 2 and
+  3, qlogs); `sort_by_time` orders each file's events by logMonoTime; `only_union_types` leaves out events of members
+  this schema does not know. Added: `raw()` yields (bytes, event), the bytes exactly as logged; `warnings` lists what
+  could not be read. Routes are local paths: there is no download."""
+  def __init__(self, identifier: str | Path | list, default_mode: str = ReadMode.RLOG, sort_by_time: bool = False, only_union_types: bool = False):
+    if default_mode not in MODES: raise ValueError(f"default_mode must be one of {', '.join(map(repr, MODES))}, got {default_mode!r}")
+    self.identifier, self.default_mode = identifier, default_mode
     self.sort_by_time, self.only_union_types, self.warnings, self._data = sort_by_time, only_union_types, [], None
+    self.reset()
+
+  def reset(self) -> None:
+    """Look for the log files again (a route still being recorded has grown)."""
+    self.files = log_files(self.identifier, self.default_mode) if self.identifier is not None else []
+
+  def run_across_segments(self, num_processes: int, func, disable_tqdm: bool = False, desc: str | None = None) -> list:
+    """func(LogReader of one segment's log) in num_processes processes, one segment each; the lists it returns, joined
+    in segment order."""
+    import multiprocessing
+    from functools import partial
+    with multiprocessing.Pool(num_processes) as pool:
+      results = pool.imap(partial(_run_on_file, func, self.sort_by_time, self.only_union_types), self.files)
+      if not disable_tqdm:
+        try:
+          from tqdm import tqdm
+          results = tqdm(results, total=len(self.files), desc=desc)
+        except ImportError: pass   # tqdm comes with the [tools] extra; without it, no progress bar
+      return [x for r in results for x in r]
 
   @classmethod
   def from_bytes(cls, dat: bytes, **kwargs) -> LogReader:
@@ -164,12 +234,25 @@ class LogReader:
   def first(self, msg_type: str):
     return next(self.filter(msg_type), None)
 
+def _run_on_file(func, sort_by_time: bool, only_union_types: bool, f: Path):
+  return func(LogReader(f, sort_by_time=sort_by_time, only_union_types=only_union_types))
+
 def main(argv: list[str] | None = None) -> int:
   import argparse
   ap = argparse.ArgumentParser(prog="python -m oproute", description="Summarise a route, segment or log file: events per service and time span.")
-  ap.add_argument("path", nargs="+", help="log file (rlog/qlog, .zst/.bz2/plain), segment folder, route folder or route name")
-  ap.add_argument("--mode", choices=["r", "q", "a"], default="a", help="r: rlogs, q: qlogs, a: rlog where there is one (default)")
+  ap.add_argument("path", nargs="+", help="log file (rlog/qlog, .zst/.bz2/plain), segment folder, route folder or route name "
+                  "(a route may end in a segment range and a mode, as openpilot's: ROUTE/2:4/q)")
+  ap.add_argument("--mode", choices=MODES, default="a", help="r: rlogs, q: qlogs, a (or i): rlog where there is one (default)")
+  ap.add_argument("--finalize", action="store_true", help="first rewrite each log a crash left unfinished (zstd frames "
+                  "without their size, which one-shot readers such as openpilot's LogReader refuse) as one frame")
   args = ap.parse_args(argv)
+  if args.finalize:
+    from oproute.writer import finalize, unfinished
+    for log in log_files(args.path, "a"):
+      for f in [log] if segment_number(log.parent) < 0 else [log.parent / "rlog.zst", log.parent / "qlog.zst"]:
+        if f.is_file() and unfinished(f):
+          finalize(f)
+          print(f"finalized {f}")
   counts: dict[str, int] = {}
   t0 = t1 = None
   lr = LogReader(args.path, args.mode)

@@ -5,7 +5,7 @@ While a segment is written its logs are a sequence of zstd frames, one ended eve
 what came since the last flush. Closing a segment rewrites each log as one zstd frame that records its size, which
 any zstd decoder reads, one-shot ones included (openpilot's LogReader decompresses a file in one call). The log of a
 segment cut short by a crash stays a sequence of frames: a streaming decoder (this package's LogReader, `zstd -d`)
-reads it; `finalize` turns it into one frame.
+reads it; `finalize` turns it into one frame (`python -m oproute --finalize ROUTE` does it for a route's unfinished logs).
 """
 from __future__ import annotations
 import os, platform, time
@@ -14,7 +14,7 @@ from pathlib import Path
 import zstandard as zstd
 from cereal import messaging
 from cereal.services import SERVICES
-from oproute.logreader import read_log_file
+from oproute.logreader import ZSTD_MAGIC, read_log_file
 
 FINAL_LEVEL = 10   # zstd level of a closed segment's logs (openpilot's); 3 while recording, for speed
 
@@ -27,6 +27,12 @@ def init_data() -> bytes:
   try: d.version = version("tinymodeld")
   except PackageNotFoundError: pass
   return msg.to_bytes()
+
+def unfinished(path: Path) -> bool:
+  """True for a zstd log as the recorder writes it, frames without their size: a segment a crash cut short."""
+  with open(path, "rb") as f: head = f.read(18)   # a zstd frame header is at most 18 bytes
+  try: return head[:4] == ZSTD_MAGIC and zstd.frame_content_size(head) == -1
+  except zstd.ZstdError: return False   # damaged: finalize could not read it either
 
 def finalize(path: Path) -> None:
   """Rewrite a zstd log as one frame with its content size, atomically (a crash meanwhile leaves the old file)."""

@@ -83,6 +83,14 @@ def test_sigkill_loses_at_most_the_last_moments(tmp_path):
   for s, msgs in sent.items():
     assert got[s] == msgs[:len(got[s])], f"{s}: what reads back is not what was sent"
     assert len(got[s]) >= flushed[s], f"{s}: {len(got[s])} read back, {flushed[s]} were flushed before the kill"
+  # the killed segment's logs are frames without their size; --finalize makes every log one-shot readable, same content
+  unfinished = [seg / log for seg in segs for log in ("rlog.zst", "qlog.zst") if zstd.frame_content_size((seg / log).read_bytes()) == -1]
+  assert unfinished, "the segment open at the kill was left as the recorder writes it"
+  r = subprocess.run([sys.executable, "-m", "oproute", "--finalize", route], cwd=ROOT, capture_output=True, text=True, timeout=60)
+  assert r.returncode == 0 and all(f"finalized {f}" in r.stdout for f in unfinished), r.stdout + r.stderr
+  for seg in segs:
+    for log in ("rlog.zst", "qlog.zst"): assert zstd.decompress((seg / log).read_bytes()) == read_log_file(seg / log)[0]
+  assert by_service(LogReader(route).raw()) == got
 
 def test_sigterm_closes_and_skips_malformed(tmp_path):
   """A clean stop closes the segment; a message that is not a whole Event of its service is not recorded (it would
@@ -208,6 +216,39 @@ def test_logreader_paths(tmp_path):
   with pytest.raises(FileNotFoundError, match="no such log, segment or route"): log_files(tmp_path / "nope" / "x")
   (tmp_path / "empty").mkdir()
   with pytest.raises(FileNotFoundError, match="expected a log file, a segment folder"): LogReader(tmp_path / "empty")
+
+def speeds(lr) -> list[float]: return [ev.carState.vEgo for ev in lr]   # for run_across_segments: a function its processes can import
+
+def test_logreader_openpilot_identifiers(tmp_path):
+  """openpilot's ways to name what to read: segment ranges and modes after a route (`ROUTE/1:3/q`), ReadMode, a folder
+  holding several routes (read route by route), run_across_segments, reset."""
+  from oproute import ReadMode
+  route = tmp_path / "r"
+  for n in range(4):
+    (route / f"r--{n}").mkdir(parents=True)
+    write_log(route / f"r--{n}" / LOG_NAME, [car(n)])
+    write_log(route / f"r--{n}" / "qlog.zst", [car(10 + n)])
+  v = lambda lr: [ev.carState.vEgo for ev in lr]
+  assert v(LogReader(f"{route}/2")) == [2] and v(LogReader(f"{route}/-1")) == [3] and v(LogReader(f"{route}/1:3")) == [1, 2]
+  assert v(LogReader(f"{route}/::2/q")) == [10, 12] and v(LogReader(f"{route}/q")) == [10, 11, 12, 13]
+  assert v(LogReader(f"{route}/:2", ReadMode.QLOG)) == [10, 11] and v(LogReader(f"{route}/:2/r", "q")) == [0, 1]
+  (route / "r--1" / LOG_NAME).unlink()
+  assert v(LogReader(route, ReadMode.AUTO_INTERACTIVE)) == v(LogReader(f"{route}/a")) == [0, 11, 2, 3]
+  with pytest.raises(FileNotFoundError, match=r"no segment\(s\) 7 \(the route has 0, 1, 2, 3\)"): LogReader(f"{route}/7")
+  with pytest.raises(ValueError, match="default_mode must be one of"): LogReader(route, "x")
+  assert LogReader(route, "a").run_across_segments(2, speeds, disable_tqdm=True) == [0, 11, 2, 3]
+  lr = LogReader(route, "a")
+  (route / "r--4").mkdir()
+  write_log(route / "r--4" / LOG_NAME, [car(4)])
+  assert v(lr) == [0, 11, 2, 3] and (lr.reset(), v(lr))[1] == [0, 11, 2, 3, 4]   # a route still being recorded has grown
+  # a device's realdata/: two routes' segments side by side are read route by route, never interleaved by number
+  dev = tmp_path / "realdata"
+  for name, n, x in (("B", 0, 20), ("A", 1, 31), ("A", 0, 30), ("B", 1, 21)):
+    (dev / f"{name}--{n}").mkdir(parents=True)
+    write_log(dev / f"{name}--{n}" / LOG_NAME, [car(x)])
+  assert [d.name for d in segment_dirs(dev)] == ["A--0", "A--1", "B--0", "B--1"] and v(LogReader(dev)) == [30, 31, 20, 21]
+  assert v(LogReader(dev / "B")) == [20, 21] and v(LogReader(f"{dev}/B/1")) == [21]
+  with pytest.raises(ValueError, match="holds 2 routes .A, B.: a segment range needs one route"): LogReader(f"{dev}/0")
 
 def test_record_cli_errors(tmp_path):
   def run(*args):
