@@ -9,6 +9,9 @@ using Car = import "car.capnp";
 # declared as AnyPointer: the same pointer slot and discriminant, with no type behind it; a struct stops at its last
 # used field (an openpilot message with more fields reads fine, the rest is skipped).
 # Units: metres, seconds, radians, m/s unless a name says otherwise; timestamps are CLOCK_MONOTONIC nanoseconds.
+# Names are those of the schema openpilot publishes on PyPI (openpilot-logging); fields newer than it (liveDelay,
+# driverStateV2's sleepProb @14, ...) carry openpilot v0.11.1's names. Later openpilot renamed a few (sleepProb is
+# eyesVisibleProb there, ThermalStatus has other enumerant names): same ordinals, so the same bytes on the wire.
 
 struct Event {
   logMonoTime @0 :UInt64;   # when the message was made
