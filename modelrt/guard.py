@@ -12,10 +12,8 @@ import numpy as np
 from tinygrad import Tensor
 from tinygrad.dtype import DType, _to_np_dtype, _from_np_dtype
 from tinygrad.uop.ops import Ops, buffers
+from msgq.visionipc.wire import ALIGN
 from modelrt.dispatch import HostReplay
-
-# clang's CPU kernels need 16-byte aligned pointers (misaligned ones segfault); a from_blob buffer gets a cache line
-ALIGN = 64
 
 class InputSpecError(ValueError):
   """An input that does not match what the JIT was captured for: the frame is skipped, nothing runs."""

@@ -10,7 +10,7 @@ from msgq.pubsub import IpcError, runtime_dir
 
 MAGIC = b"VIPC"
 VERSION = 1
-ALIGN = 64             # every buffer (and trailer) starts on a cache line; from_blob needs >= 16
+ALIGN = 64             # every buffer (and trailer) starts on a cache line; from_blob needs >= 16 (clang's CPU kernels segfault on less)
 TRAILER_SPAN = 64      # bytes reserved per trailer, so a trailer never shares a cache line with frame bytes
 REQUEST = struct.Struct("<4sBcB")          # magic, version, op, stream
 OP_BUFFERS, OP_STREAMS = b"B", b"S"
