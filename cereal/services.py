@@ -3,6 +3,7 @@
 Names, rates, logging and qlog decimation are openpilot's for the services listed here.
 """
 from dataclasses import dataclass
+from msgq.visionipc import VisionStreamType
 
 @dataclass(frozen=True)
 class Service:
@@ -42,11 +43,11 @@ class Camera:
   encode_idx: str    # EncodeIndex service of its video
   video: str         # the video file in a route segment (HEVC)
 
-# openpilot's cameras; VisionIPC stream types ROAD=0, DRIVER=1, WIDE_ROAD=2
+# openpilot's cameras
 CAMERAS: dict[str, Camera] = {
-  "road": Camera(0, "roadCameraState", "roadEncodeIdx", "fcamera.hevc"),
-  "driver": Camera(1, "driverCameraState", "driverEncodeIdx", "dcamera.hevc"),
-  "wide": Camera(2, "wideRoadCameraState", "wideRoadEncodeIdx", "ecamera.hevc"),
+  "road": Camera(VisionStreamType.ROAD, "roadCameraState", "roadEncodeIdx", "fcamera.hevc"),
+  "driver": Camera(VisionStreamType.DRIVER, "driverCameraState", "driverEncodeIdx", "dcamera.hevc"),
+  "wide": Camera(VisionStreamType.WIDE_ROAD, "wideRoadCameraState", "wideRoadEncodeIdx", "ecamera.hevc"),
 }
 CAMERA_OF_STREAM = {c.stream: name for name, c in CAMERAS.items()}
 CAMERA_STATE_SERVICES = {c.stream: c.state for c in CAMERAS.values()}

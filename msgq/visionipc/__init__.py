@@ -6,12 +6,13 @@ from msgq.visionipc.server import VisionIpcServer
 from msgq.visionipc.client import VisionIpcClient
 
 class VisionStreamType(IntEnum):
+  """The stream numbers of openpilot's cameras (cereal.services.CAMERAS names each camera's)."""
   ROAD = 0
   DRIVER = 1
   WIDE_ROAD = 2
-  VISION_STREAM_ROAD = 0        # openpilot's names
-  VISION_STREAM_DRIVER = 1
-  VISION_STREAM_WIDE_ROAD = 2
+  VISION_STREAM_ROAD = ROAD     # openpilot's names, aliases of the same members
+  VISION_STREAM_DRIVER = DRIVER
+  VISION_STREAM_WIDE_ROAD = WIDE_ROAD
 
 ROAD, DRIVER, WIDE_ROAD = VisionStreamType.ROAD, VisionStreamType.DRIVER, VisionStreamType.WIDE_ROAD
 
