@@ -4,7 +4,7 @@ Sync: receive main frames until main.sof >= extra.sof + 25 ms (at least one new 
 until main.sof < extra.sof + 25 ms; more than 10 ms apart is out of sync. One camera: extra is main. A main frame under
 25 ms ahead is used when no newer one comes within 25 ms: a camera faster than 40 Hz would have sent one, so this is a
 lockstep camera waiting for the answer to this frame, which openpilot would wait for forever.
-Drops: dropped = max(0, frame_id - last_frame_id - 1); a first-order filter (10 s, step 1/20 s) of min(dropped, 10),
+Drops: dropped = max(0, frame_id - last_frame_id - 1); a first-order filter (10 s, a model period DT per step) of min(dropped, 10),
 held at 0 for the first 10 runs, gives f; frameDropPerc = 100 f / (1 + f). A frame after any drop is prepare-only. The
 first frame of a camera session follows no frame, so nothing was dropped before it (openpilot counts from frame id 0,
 which would make a replay that starts mid-route skip its first frame and a lockstep camera wait for it forever).
@@ -12,10 +12,11 @@ which would make a replay that starts mid-route skip its first frame and a locks
 from __future__ import annotations
 from typing import Protocol
 from collections.abc import Callable
+from modelrt.constants import DT
 
 SYNC_AHEAD_NS = 25_000_000
 OUT_OF_SYNC_NS = 10_000_000
-DROP_FILTER_RC, DROP_FILTER_DT, DROP_MAX, DROP_WARMUP_RUNS = 10., 1 / 20, 10, 10
+DROP_FILTER_RC, DROP_MAX, DROP_WARMUP_RUNS = 10., 10, 10
 
 class Frame(Protocol):
   frame_id: int
@@ -53,7 +54,7 @@ class FrameDrops:
   """update(frame_id) -> frames dropped before this one; frame_drop_perc is the filtered percentage."""
   def __init__(self):
     self.last_frame_id, self.runs, self.x, self.frame_drop_perc = None, 0, 0., 0.
-    self.alpha = DROP_FILTER_DT / (DROP_FILTER_RC + DROP_FILTER_DT)
+    self.alpha = DT / (DROP_FILTER_RC + DT)   # stepped once per frame the model runs on
 
   def update(self, frame_id: int) -> int:
     dropped = 0 if self.last_frame_id is None else max(0, frame_id - self.last_frame_id - 1)

@@ -13,12 +13,14 @@ from pathlib import Path
 from collections.abc import Iterator
 import av
 import numpy as np
-from cereal.services import CAMERAS
+from cereal.services import CAMERAS, SERVICES
 from msgq.visionipc.layout import NV12Layout
 from oproute.logreader import segment_number
 
 MAX_BAD_PACKETS = 100     # consecutive undecodable packets before a video counts as undecodable, not merely damaged
-DEFAULT_FPS = 20.0
+# openpilot's cameras run at the rate of their camera states (one per frame), all at one rate (the unpacking fails if the
+# services table ever says otherwise): videos are written at it, and read at it when they have no rate of their own (raw HEVC)
+(DEFAULT_FPS,) = {SERVICES[c.state].frequency for c in CAMERAS.values()}
 KEYFRAME_FLAG = 0x8       # EncodeIndex.flags of a keyframe (V4L2's keyframe buffer flag, as openpilot's encoder sets)
 ENCODE_IDX_OF = {c.encode_idx: name for name, c in CAMERAS.items()}
 
