@@ -38,7 +38,7 @@ def zero_tensor(t: Tensor) -> None:
 class HostBuf:
   """A camera buffer in host memory offering what the runners read of VisionIPC's VisionBuf: for warm-up, batch replays,
   benchmarks and tests. image: its bytes (default zeros); idx < 0: never cached; offset: the address this many bytes
-  past a 64-byte boundary."""
+  past an ALIGN boundary."""
   def __init__(self, layout: NV12Layout, image: np.ndarray | None = None, stream: int = -1, idx: int = -1, offset: int = 0):
     self.data = aligned_empty(layout.size + offset)[offset:]
     self.data[:] = 0 if image is None else image
@@ -52,7 +52,8 @@ class CameraTensors:
     self.artifact, self._cache = artifact, {}
 
   def get(self, buf, layout: NV12Layout) -> Tensor:
-    if (got := f"{buf.width}x{buf.height}:{buf.stride}:{buf.uv_offset}:{buf.size}") != str(layout):
+    # the buffer's fields, formatted as a layout (a buffer is not one, and may hold fields no layout accepts)
+    if (got := NV12Layout.__str__(buf)) != str(layout):
       raise CameraLayoutError(f"camera stream {buf.stream} buffer {buf.idx}: expected layout {layout}, got {got}; "
                               f"a new camera layout needs a new runner (artifact serves {', '.join(self.artifact.layouts)})")
     if buf.addr % ALIGN: raise CameraLayoutError(f"camera stream {buf.stream} buffer {buf.idx}: address {buf.addr:#x} is not {ALIGN}-byte aligned")
