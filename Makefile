@@ -1,7 +1,7 @@
 # The two commands of the README: `make demo` and `make test`. Both run the set-up first (idempotent, fast when done).
 PY := .venv/bin/python
 
-.PHONY: setup test demo bench soak artifacts install-services clean
+.PHONY: setup test demo bench soak install-services clean
 setup:
 	@scripts/setup.sh
 
