@@ -1,13 +1,15 @@
 """One segment through the daemons' own frame code, on a Ray worker: the batch's unit of work.
 
-The segment is read by camerad's route source: the same decoding, message order, camera states and frame timestamps
-a lockstep replay serves (camerad --lockstep keeps a log's frame ids and recorded timestamps). Frames are decoded
-straight into host buffers of camerad's default (packed) buffer layout; messages feed a SubMaster without sockets;
-each frame goes through modeld's RoadModel and dmonitoringd's DriverModel (runner, guard, copy-out, parse, fill), with
-fresh history at the segment's start. What a daemon would publish for a frame is taken in from the next frame on, as
-the daemons see each other's outputs (modeld reads dmonitoringd's isRHD). The outputs, the input camera states and
-the segment's EncodeIdx events go to <out>/rlog.zst, the videos are linked beside it (so modeld-overlay and camerad
-take the output as a route), all under a temporary name renamed when complete.
+The segment is read by camerad's route source and its frames are written, numbered and timed by camerad's FrameWriter
+in lockstep: the same decoding, message order, camera states, frame ids (the log's up to its first gap, then
+consecutive per camera) and recorded timestamps a lockstep replay serves; a frame that cannot be written is skipped
+and counted, as camerad does. Frames go straight into host buffers of camerad's default (packed) buffer layout;
+messages feed a SubMaster without sockets; each frame goes through modeld's RoadModel and
+dmonitoringd's DriverModel (runner, guard, copy-out, parse, fill), with fresh history at the segment's start. What a
+daemon would publish for a frame is taken in from the next frame on, as the daemons see each other's outputs (modeld
+reads dmonitoringd's isRHD). The outputs, the input camera states and the segment's EncodeIdx events go to
+<out>/rlog.zst, the videos are linked beside it (so modeld-overlay and camerad take the output as a route), all under
+a temporary name renamed when complete.
 """
 from __future__ import annotations
 import logging, math, os, shutil, time, traceback
@@ -49,7 +51,7 @@ def replay_segment(src: str, out: str, runners: Runners) -> dict:
   from cereal import messaging
   from cereal.services import CAMERA_STATE_SERVICES, CAMERAS
   from camerad.sources import LogSource
-  from camerad.main import camera_state
+  from camerad.main import FrameWriter, camera_state
   from modeld_common.service import Stats
   from dmonitoringd.model import DriverModel
   from modeld.model import RoadModel, road_streams
@@ -74,21 +76,20 @@ def replay_segment(src: str, out: str, runners: Runners) -> dict:
   rlog.write(init_data())
   for dat, ev in LogReader(segment_log(Path(src), "a")).raw():
     if ev.which().endswith("EncodeIdx"): rlog.write(dat)
+  writer, bufs = FrameWriter(source, lockstep=True), {s: runners.buf(s, l) for s, l in layouts.items()}
   frames, invalid, model_s, last, pending, served = 0, 0, 0., {}, [], dict.fromkeys(layouts, 0)
   for tick in source.ticks():
     evs = [messaging.log_from_bytes(dat) for _, dat in tick.msgs] + pending
     sm.update_msgs(time.monotonic(), [ev for ev in evs if ev.which() in sm.data])
-    if not tick.frames: continue
-    for s, fill in tick.frames.items():
-      fill((buf := runners.buf(s, layouts[s])).data, layouts[s])
-      served[s] += 1
-      st = tick.states[s]
-      last[s] = Frame(buf, tick.index, st.timestampSof, st.timestampEof)
-    msgs = [(svc, camera_state(svc, tick.index, tick.index, last[s].timestamp_sof, last[s].timestamp_eof, 0., source.sensor[s], tick.states[s]))
-            for s in tick.frames for svc in [CAMERA_STATE_SERVICES[s]]]
-    if road and streams[0] in tick.frames: msgs += road.step(*(last.get(s, last[streams[0]]) for s in (streams[0], streams[-1])))
-    if dm and DRIVER in tick.frames: msgs += dm.step(last[DRIVER])
     pending = []
+    if not tick.frames or not (sent := writer.write(tick, {s: (bufs[s].data, layouts[s]) for s in tick.frames})): continue
+    for s, (fid, sof, eof) in sent.items():
+      served[s] += 1
+      last[s] = Frame(bufs[s], fid, sof, eof)
+    msgs = [(svc, camera_state(svc, fid, tick.index, sof, eof, 0., source.sensor[s], tick.states[s]))
+            for s, (fid, sof, eof) in sent.items() for svc in [CAMERA_STATE_SERVICES[s]]]
+    if road and streams[0] in sent: msgs += road.step(*(last.get(s, last[streams[0]]) for s in (streams[0], streams[-1])))
+    if dm and DRIVER in sent: msgs += dm.step(last[DRIVER])
     for svc, msg in msgs:
       rlog.write(dat := msg.to_bytes())
       pending.append(ev := messaging.log_from_bytes(dat))

@@ -2,10 +2,12 @@
 
 Each frame is written straight into a free shared buffer (zero-copy producer path), published on its stream, and
 described by a camera-state message (roadCameraState, wideRoadCameraState, driverCameraState) with the same frame
-id and SOF/EOF timestamps (monotonic ns). All streams of one tick share the frame id and timestamps.
+id and SOF/EOF timestamps (monotonic ns). All streams of one tick share the frame id and timestamps, except in
+--lockstep, where each stream's ids are consecutive and a log's frames keep their recorded times (FrameWriter).
 """
 from __future__ import annotations
 import argparse, logging, sys, time
+import numpy as np
 from modeld_common.service import Stats, StopFlag, Watchdog, notify, set_process_title, setup_logging
 from cereal import log as capnp_log, messaging
 from cereal.services import CAMERA_OF_STREAM as CAMERA_OF, CAMERA_STATE_SERVICES, SERVICES
@@ -144,6 +146,37 @@ class SourceClock:
     self.last = sof + self.shift
     return sof + self.shift, eof + self.shift
 
+class FrameWriter:
+  """What camerad serves of a tick: each stream's frame written into a buffer, with the frame id and SOF/EOF times it
+  goes out with. A frame that cannot be written (a damaged picture) is skipped and counted in the source's `skipped`.
+  Ids are the source's index, continued across loop passes; in lockstep each stream's ids are consecutive from its
+  first frame on (a log's own up to its first gap): modeld takes a frame after a gap in the ids for one after a drop
+  and answers it with nothing, so lockstep would wait forever. Times: the write's own, in lockstep the source's
+  (SourceClock). modeld-batch serves its segments through this too, so its frames are numbered and timed as a
+  lockstep replay's."""
+  def __init__(self, source: Source, lockstep: bool):
+    self.source, self.lockstep, self.clock = source, lockstep, SourceClock(source.fps) if lockstep else None
+    self.last: dict[int, int] = {}   # each stream's last frame id
+    self.offset: int | None = None   # this pass's frame id less the source's index
+
+  def new_pass(self) -> None:
+    self.offset = None
+    if self.clock is not None: self.clock.new_pass()
+
+  def write(self, tick: Tick, bufs: dict[int, tuple[np.ndarray, NV12Layout]]) -> dict[int, tuple[int, int, int]]:
+    """Writes the tick's frames into bufs ({stream: (buffer, its layout)}); {stream: (frame id, SOF, EOF)} of those written."""
+    if self.offset is None: self.offset = 0 if not self.last else max(self.last.values()) + 1 - tick.index
+    sof, written = time.monotonic_ns(), []
+    for s, (out, layout) in bufs.items():
+      try:
+        tick.frames[s](out, layout)
+        written.append(s)
+      except ValueError as e: self.source.skipped[f"{CAMERA_OF[s]}: {e}"] += 1
+    eof = time.monotonic_ns()
+    ids = {s: self.last[s] + 1 if self.lockstep and s in self.last else tick.index + self.offset for s in written}
+    self.last.update(ids)
+    return {s: (i, *((sof, eof) if self.clock is None else self.clock.times(tick, s, eof - sof))) for s, i in ids.items()}
+
 DRIVER_ANSWERS = ("driverStateV2", "driverMonitoringState")   # answer a driver frame; any other service a road frame
 # messages and frames travel on separate sockets: in lockstep, the messages that come before a frame get this long to be
 # taken in by the daemons (idle, waiting for that frame) before the frame goes out, so they apply to it and not later
@@ -241,13 +274,12 @@ def serve(args: argparse.Namespace, source: Source, stop: StopFlag) -> int:
 def run(args, source: Source, server: VisionIpcServer, pm, lock, layouts: dict, stop: StopFlag, watchdog: Watchdog) -> int:
   stats = Stats(log, interval=10.0)
   pacer = Pacer(stop, args.fps, source.fps, free=args.lockstep or source.live, idle=watchdog.kick)
-  served, last_id, t0 = 0, None, time.monotonic()
-  last_ids: dict[int, int] = {}   # lockstep: each stream's frame ids are consecutive (a frame after a gap gets no answer)
-  clock = SourceClock(source.fps) if args.lockstep else None
+  served, t0 = 0, time.monotonic()
+  writer = FrameWriter(source, args.lockstep)
   done = sent_msgs = False
   while not done and not stop:
-    offset, any_frame = None, False   # a new pass continues the frame ids where the last one ended
-    if clock is not None: clock.new_pass()
+    any_frame = False
+    writer.new_pass()
     for tick in source.ticks(args.start):
       if stop: break
       pacer.wait(tick)
@@ -258,31 +290,20 @@ def run(args, source: Source, server: VisionIpcServer, pm, lock, layouts: dict, 
       if not tick.frames: continue
       if lock is not None and sent_msgs: time.sleep(LOCKSTEP_SETTLE_S)
       sent_msgs = False
-      if offset is None: offset = 0 if last_id is None else last_id + 1 - tick.index
-      ids = {s: last_ids[s] + 1 if args.lockstep and s in last_ids else tick.index + offset for s in tick.frames}
-      sof, bufs = time.monotonic_ns(), {}
-      for s, fill in tick.frames.items():
-        buf = server.get_free_buffer(s)
-        try:
-          fill(buf.array, layouts[s])
-          bufs[s] = buf
-        except ValueError as e:
-          source.skipped[f"{CAMERA_OF[s]}: {e}"] += 1
-      eof = time.monotonic_ns()
-      for s, buf in bufs.items():
-        ts = (sof, eof) if clock is None else clock.times(tick, s, eof - sof)
-        server.publish(s, buf, ids[s], *ts)
+      bufs, t = {s: server.get_free_buffer(s) for s in tick.frames}, time.monotonic_ns()
+      frames = writer.write(tick, {s: (b.array, layouts[s]) for s, b in bufs.items()})
+      written = time.monotonic_ns()
+      for s, (fid, sof, eof) in frames.items():
+        server.publish(s, bufs[s], fid, sof, eof)
         svc = CAMERA_STATE_SERVICES[s]
-        pm.send(svc, camera_state(svc, ids[s], tick.index, *ts, (time.monotonic_ns() - eof) / 1e9, source.sensor[s], tick.states.get(s)))
-      bufs_streams = list(bufs)
-      del buf, bufs   # no view of a shared buffer outlives its frame
-      last_ids.update((s, ids[s]) for s in bufs_streams)
-      any_frame, last_id, served = True, max(ids.values()), served + 1
+        pm.send(svc, camera_state(svc, fid, tick.index, sof, eof, (time.monotonic_ns() - written) / 1e9, source.sensor[s], tick.states.get(s)))
+      del bufs   # no view of a shared buffer outlives its frame
+      any_frame, served = True, served + 1
       stats.count("frames")
-      stats.timing("fill", (eof - sof) / 1e9)
+      stats.timing("fill", (written - t) / 1e9)
       watchdog.kick()
       stats.tick()
-      if lock is not None and bufs_streams: lock.wait({s: ids[s] for s in bufs_streams})
+      if lock is not None and frames: lock.wait({s: fid for s, (fid, _, _) in frames.items()})
       if args.frames is not None and served >= args.frames:
         done = True
         break

@@ -24,15 +24,16 @@ def event(kind: str, t: int, **fields):
   return msg
 
 def write_route(path: Path, scene_file: Path, cameras: tuple[str, ...] = ("road", "driver"), segments: int = 2, frames: int = 10,
-                first_frame_id: int = 100, t0: int = 10**12, extra=None) -> list[int]:
+                first_frame_id: int = 100, t0: int = 10**12, extra=None, missing=frozenset()) -> list[int]:
   """The route folder path/<name>--<n>; returns the frame ids, which start at first_frame_id (as a segment in the
-  middle of a drive). extra(frame_id, t) -> [events] adds events after each frame's."""
+  middle of a drive). extra(frame_id, t) -> [events] adds events after each frame's. missing: (camera, frame id) pairs
+  the encoder dropped: the camera state is logged, the picture and its EncodeIdx event are not."""
   scene, ids, encode_id = load_scene(str(scene_file)), [], {c: 0 for c in cameras}
   for seg in range(segments):
     d = path / f"{path.name}--{seg}"
     d.mkdir(parents=True)
     evs = [event("initData", t0 + seg * frames * FRAME_NS, deviceType="tici", version="0.11.1", wallTimeNanos=1_700_000_000 * 10**9)]
-    writers = {}
+    writers, pictures = {}, dict.fromkeys(cameras, 0)   # pictures: in the segment's file so far
     for c in cameras:
       cam = scene.cameras[c]
       writers[c] = (HevcWriter(d / CAMS[c][2], cam.width, cam.height, lossless=True), SceneRenderer(scene, c, NV12Layout.packed(cam.width, cam.height)))
@@ -48,15 +49,16 @@ def write_route(path: Path, scene_file: Path, cameras: tuple[str, ...] = ("road"
       for c in cameras:
         state_svc, idx_svc, _ = CAMS[c]
         w, r = writers[c]
-        w.write(picture(r.render(n % scene.n_frames), r.layout), fid, t, t + 5_000_000)
         s = event(state_svc, t + 10, frameId=fid, timestampSof=t, timestampEof=t + 5_000_000)
         getattr(s, state_svc).sensor = "ar0231"
         evs.append(s)
-        e = event(idx_svc, t + 20, frameId=fid, encodeId=encode_id[c], segmentNum=seg, segmentId=i, segmentIdEncode=i, timestampSof=t,
-                  timestampEof=t + 5_000_000)
+        if (c, fid) in missing: continue
+        w.write(picture(r.render(n % scene.n_frames), r.layout), fid, t, t + 5_000_000)
+        e = event(idx_svc, t + 20, frameId=fid, encodeId=encode_id[c], segmentNum=seg, segmentId=pictures[c], segmentIdEncode=pictures[c],
+                  timestampSof=t, timestampEof=t + 5_000_000)
         getattr(e, idx_svc).type = "fullHEVC"
         evs.append(e)
-        encode_id[c] += 1
+        encode_id[c], pictures[c] = encode_id[c] + 1, pictures[c] + 1
       if extra is not None: evs += extra(fid, t + 30)
     for w, _ in writers.values(): w.close()
     dats = [(e.which(), e.to_bytes()) for e in evs]

@@ -1,12 +1,14 @@
-"""modeld-batch on a real local Ray: the same outputs as the live daemons in lockstep, retries of a killed worker,
-a corrupt segment reported while the rest finish, Ctrl-C and --resume, and diff."""
+"""modeld-batch on a real local Ray: the same outputs as the live daemons in lockstep (missing frames and the wide
+road camera included), retries of a killed worker, a corrupt segment reported while the rest finish, Ctrl-C and
+--resume, and diff."""
 import json, os, shutil, signal, subprocess, sys, time
 from pathlib import Path
 import pytest
 from tests.artifacts import REPO, build
 from tests.daemon_harness import Collector, Daemon, Notify
-from tests.openpilot_route import lockstep, write_route
+from tests.openpilot_route import event, lockstep, write_route
 from modeld_tools.compare import compare, route_outputs
+from oproute import LogReader, log_files
 
 ENV = {**os.environ, "DEV": "CPU", "RAY_AUTH_MODE": "disabled"}
 FRAMES = 8   # per segment of the test routes
@@ -31,32 +33,77 @@ def same(a: Path, b: Path) -> None:
   for d in compare(route_outputs(a)[0], route_outputs(b)[0]):
     assert (d.max, d.missing, d.extra) == (0, 0, 0) and d.frames > 0, (a, b, d)
 
-def test_batch_equals_the_daemons_in_lockstep(routes, tiny_artifacts, tmp_path):
-  """Three routes with two workers: every segment's outputs equal, bit for bit, those of the live daemons fed the same
-  segment in lockstep (history starts fresh at each segment in both)."""
-  r = batch(*routes, "--artifacts", tiny_artifacts, "--out", tmp_path / "out", "--workers", 2)
+ROAD_OUT, DRIVER_OUT = ("modelV2", "drivingModelData", "cameraOdometry"), ("driverStateV2", "driverMonitoringState")
+STATES = {"road": "roadCameraState", "wide": "wideRoadCameraState", "driver": "driverCameraState"}
+TIMINGS = {"modelExecutionTime", "gpuExecutionTime", "processingTime"}   # how long this run took: differ between any two runs
+
+def messages(route: Path) -> dict[str, list]:
+  """Per output and camera-state service, in log order, each message's valid flag and every field but TIMINGS."""
+  out: dict[str, list] = {s: [] for s in (*ROAD_OUT, *DRIVER_OUT, *STATES.values())}
+  for ev in LogReader(log_files(route, "a")):
+    if (w := ev.which()) in out: out[w].append((ev.valid, {k: v for k, v in getattr(ev, w).to_dict().items() if k not in TIMINGS}))
+  return out
+
+@pytest.fixture(scope="module")
+def gap_routes(scene, tmp_path_factory) -> dict[str, Path]:
+  """Routes with missing frames. gaps: road and driver, two segments; the road camera's frame 102 dropped by the
+  encoder; segment 1 starts before its first calibration (frames 108-109: modelV2 invalid, driverStateV2 valid) and a
+  broken one follows frame 110 (111-114: both invalid until the next good one). wide: road, wide road and driver, one
+  segment; frame 503 dropped on every camera."""
+  d = tmp_path_factory.mktemp("gaps")
+  def broken_calibration(fid: int, t: int) -> list:
+    if fid != 110: return []
+    cal = event("liveCalibration", t, calPerc=100, rpyCalib=[9., 0., 0.])
+    cal.liveCalibration.calStatus = "calibrated"
+    return [cal]
+  write_route(d / "gaps", scene, segments=2, frames=FRAMES, first_frame_id=100, missing={("road", 102)}, extra=broken_calibration)
+  write_route(d / "wide", scene, cameras=("road", "wide", "driver"), segments=1, frames=FRAMES, first_frame_id=500,
+              missing={(c, 503) for c in STATES})
+  return {"gaps": d / "gaps", "wide": d / "wide"}
+
+# route: (summary, {segment: {camera: frames served}})
+LOCKSTEP = {
+  "gaps": (dict(segments=2, done=2, frames=2 * FRAMES, lost=1),
+           {"gaps--0": {"road": FRAMES - 1, "driver": FRAMES}, "gaps--1": {"road": FRAMES, "driver": FRAMES}}),
+  "wide": (dict(segments=1, done=1, frames=FRAMES - 1, lost=3), {"wide--0": dict.fromkeys(STATES, FRAMES - 1)}),
+}
+
+@pytest.mark.parametrize("route", LOCKSTEP)
+def test_batch_equals_the_daemons_in_lockstep(route, gap_routes, tiny_artifacts, tmp_path):
+  """Every segment's outputs (modelV2, drivingModelData, cameraOdometry, driverStateV2, driverMonitoringState) and
+  input camera states equal those of the live daemons fed the same segment by camerad --lockstep: the same messages,
+  valid flags and frame ids, every field bit for bit but the execution times (each segment starts fresh in both). The
+  routes miss frames: frame ids go on consecutively after a gap, as camerad's lockstep numbers them. gaps runs on two
+  workers."""
+  summary, served = LOCKSTEP[route]
+  r = batch(gap_routes[route], "--artifacts", tiny_artifacts, "--out", tmp_path / "out", "--workers", 2)
   assert r.returncode == 0, r.stderr
-  summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-  assert [(s["route"], s["segments"], s["done"], s["frames"], s["errors"]) for s in summary["routes"]] == [(n, 2, 2, 2 * FRAMES, []) for n in "abc"]
+  (s,) = json.loads((tmp_path / "out" / "summary.json").read_text())["routes"]
+  assert {k: s[k] for k in summary} == summary and s["errors"] == [], s
   assert "route" in r.stdout and "wall time" in r.stdout
-  daemons = [Daemon(m, tiny_artifacts) for m in ("modeld", "dmonitoringd")]
-  try:
-    for route in routes:
-      for seg in sorted(route.iterdir()):
-        outputs, notify = ["modelV2", "drivingModelData", "cameraOdometry", "driverStateV2"], Notify()
-        col = Collector(outputs)
-        rec = subprocess.Popen([sys.executable, "-m", "modeld_tools.record", "--route", tmp_path / "live" / seg.name, "--stats-interval", "0"],
-                               cwd=REPO, env={**os.environ, "NOTIFY_SOCKET": notify.addr})
-        notify.wait("READY=1", 20)
-        lockstep(seg, col)
-        for svc in outputs: notify.wait_count(svc, FRAMES)   # recorded: a stop now loses nothing
-        rec.send_signal(signal.SIGTERM)
-        assert rec.wait(20) == 0
-        col.close()
-        notify.close()
-        same(tmp_path / "live" / seg.name, tmp_path / "out" / route.name / seg.name)
-  finally:
-    for d in daemons: d.stop()
+  for seg in sorted(gap_routes[route].iterdir()):
+    counts = {**{STATES[c]: n for c, n in served[seg.name].items()}, **dict.fromkeys(ROAD_OUT, served[seg.name]["road"]),
+              **dict.fromkeys(DRIVER_OUT, served[seg.name]["driver"])}
+    # daemons started for the segment, as the batch starts each one: a running daemon would keep the last one's
+    # calibration and messages across camerad's restart
+    daemons, notify, col = [Daemon(m, tiny_artifacts) for m in ("modeld", "dmonitoringd")], Notify(), Collector([*ROAD_OUT, *DRIVER_OUT])
+    try:
+      rec = subprocess.Popen([sys.executable, "-m", "modeld_tools.record", "--route", tmp_path / "live" / seg.name, "--stats-interval", "0"],
+                             cwd=REPO, env={**os.environ, "NOTIFY_SOCKET": notify.addr})
+      notify.wait("READY=1", 20)
+      lockstep(seg, col)
+      for svc, n in counts.items(): notify.wait_count(svc, n)   # recorded: a stop now loses nothing
+      rec.send_signal(signal.SIGTERM)
+      assert rec.wait(20) == 0
+    finally:
+      for d in daemons: d.stop()
+      col.close()
+      notify.close()
+    live, out = messages(tmp_path / "live" / seg.name), messages(tmp_path / "out" / route / seg.name)
+    assert {svc: len(m) for svc, m in out.items() if m} == counts, seg.name
+    ids = [m["frameId"] for _, m in out["modelV2"]]
+    assert ids == list(range(ids[0], ids[0] + len(ids))), (seg.name, ids)   # consecutive across the gap, as lockstep serves them
+    for svc in out: assert live[svc] == out[svc], f"{seg.name} {svc}"
 
 def test_killed_worker_is_retried_with_identical_results(scene, tiny_artifacts, tmp_path):
   """A worker SIGKILLed in the middle of a segment: Ray restarts it and runs the segment again; no partial output is
