@@ -5,12 +5,14 @@
 
 One Ray task per segment, served by long-lived actors (one per worker) that load the artifacts once, as a daemon does.
 A segment's frames go through the daemons' own frame code (batch/segment.py); its outputs and input camera states go
-to OUT/<route>/<route>--<n>/rlog.zst, written under a temporary name and renamed when complete. Without --address,
-ray.init() starts a local Ray with --workers workers (default: one per core); with it, the job joins that cluster, and
-ROUTE, --artifacts and --out must be paths every node reads (a shared file system).
+to OUT/<route>/<route>--<n>/rlog.zst, written under a temporary name and renamed when complete. Before Ray starts, the
+artifacts' manifests are checked against each route's camera sizes. Without --address, ray.init() starts a local Ray
+with --workers workers (default: one per core); with it, the job joins that cluster, and ROUTE, --artifacts and --out
+must be paths every node reads (a shared file system).
 """
 from __future__ import annotations
 import argparse, json, os, shutil, sys, time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -50,6 +52,35 @@ def route_jobs(routes: list[str], out: Path) -> list[Job]:
   if len({j.out for j in jobs}) != len(jobs): raise ValueError("two segments map to the same output (a route given twice?)")
   return jobs
 
+def manifests(artifacts: Path) -> dict:
+  """Both families' artifacts as their manifests describe them (nothing loaded): what this machine checks before Ray."""
+  from modelrt.artifact import FAMILIES, MANIFEST, Artifact
+  try:
+    arts = {f: Artifact(artifacts / f, f, json.loads((artifacts / f / MANIFEST).read_text())) for f in FAMILIES}
+    for a in arts.values(): a.layouts, a.manifest["target"]["device"]   # what this machine reads of them
+  except (OSError, ValueError) as e: raise ValueError(f"{artifacts}: no readable artifact manifest ({e}); build it with modeld-compile") from None
+  except (KeyError, TypeError) as e: raise ValueError(f"{artifacts}: an artifact manifest without {e}; rebuild it with modeld-compile") from None
+  return arts
+
+def check_layouts(jobs: list[Job], arts: dict) -> None:
+  """Every route's cameras have a buffer layout in the artifacts: each camera's size from the first of its segments
+  whose video opens (a video that does not is its segment's error, later)."""
+  from cereal.services import CAMERAS
+  from oproute.video import VideoDecoder, VideoError
+  from batch.segment import artifact_layouts
+  seen = set()
+  for j in jobs:
+    sizes = {}
+    for c in CAMERAS.values():
+      if (j.route, c.stream) in seen or not (v := Path(j.src) / c.video).is_file(): continue
+      try: d = VideoDecoder(v, Counter())
+      except VideoError: continue
+      d.close()
+      seen.add((j.route, c.stream))
+      sizes[c.stream] = (d.width, d.height)
+    try: artifact_layouts(arts, sizes)
+    except ValueError as e: raise ValueError(f"{j.src}: {e}") from None
+
 def run(args) -> int:
   import ray
   from tqdm import tqdm
@@ -65,8 +96,9 @@ def run(args) -> int:
   for j in jobs:
     summary[j.route].segments += 1
     if j.out in done: summary[j.route].resumed += 1
-  try: device = args.device or json.loads((args.artifacts / "road" / "manifest.json").read_text())["target"]["device"]
-  except (OSError, ValueError, KeyError) as e: raise ValueError(f"{args.artifacts}: no readable road artifact ({e}); build it with modeld-compile") from None
+  arts = manifests(args.artifacts)
+  device = args.device or arts["road"].manifest["target"]["device"]
+  check_layouts(todo, arts)
   t0 = time.monotonic()
   # workers run where Ray puts them: they get the artifact's tinygrad device from here, not from their node's default
   local = {} if args.address else {"num_cpus": args.workers or os.cpu_count() or 1, "include_dashboard": False}

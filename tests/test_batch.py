@@ -1,10 +1,10 @@
 """modeld-batch on a real local Ray: the same outputs as the live daemons in lockstep (missing frames and the wide
-road camera included), retries of a killed worker, a corrupt segment reported while the rest finish, Ctrl-C and
---resume, and diff."""
+road camera included), the artifacts' buffer layouts, retries of a killed worker, a corrupt segment reported while
+the rest finish, Ctrl-C and --resume, and diff."""
 import json, os, shutil, signal, subprocess, sys, time
 from pathlib import Path
 import pytest
-from tests.artifacts import REPO, build
+from tests.artifacts import ALT_LAYOUT, CACHE, REPO, UNSERVED_LAYOUT, build
 from tests.daemon_harness import Collector, Daemon, Notify
 from tests.openpilot_route import event, lockstep, write_route
 from modeld_tools.compare import compare, route_outputs
@@ -61,11 +61,12 @@ def gap_routes(scene, tmp_path_factory) -> dict[str, Path]:
               missing={(c, 503) for c in STATES})
   return {"gaps": d / "gaps", "wide": d / "wide"}
 
-# route: (summary, {segment: {camera: frames served}})
+# route: (layouts the artifacts are built for, camerad's --layout, summary, {segment: {camera: frames served}})
 LOCKSTEP = {
-  "gaps": (dict(segments=2, done=2, frames=2 * FRAMES, lost=1),
+  "gaps": ((), "packed", dict(segments=2, done=2, frames=2 * FRAMES, lost=1),
            {"gaps--0": {"road": FRAMES - 1, "driver": FRAMES}, "gaps--1": {"road": FRAMES, "driver": FRAMES}}),
-  "wide": (dict(segments=1, done=1, frames=FRAMES - 1, lost=3), {"wide--0": dict.fromkeys(STATES, FRAMES - 1)}),
+  "wide": ((ALT_LAYOUT,), "aligned", dict(segments=1, done=1, frames=FRAMES - 1, lost=3),
+           {"wide--0": dict.fromkeys(STATES, FRAMES - 1)}),
 }
 
 @pytest.mark.parametrize("route", LOCKSTEP)
@@ -74,9 +75,11 @@ def test_batch_equals_the_daemons_in_lockstep(route, gap_routes, tiny_artifacts,
   input camera states equal those of the live daemons fed the same segment by camerad --lockstep: the same messages,
   valid flags and frame ids, every field bit for bit but the execution times (each segment starts fresh in both). The
   routes miss frames: frame ids go on consecutively after a gap, as camerad's lockstep numbers them. gaps runs on two
-  workers."""
-  summary, served = LOCKSTEP[route]
-  r = batch(gap_routes[route], "--artifacts", tiny_artifacts, "--out", tmp_path / "out", "--workers", 2)
+  workers with artifacts of both layouts (the batch takes packed, camerad's default); wide with artifacts built for
+  aligned buffers only (the batch takes aligned; camerad is given --layout aligned)."""
+  built_for, layout, summary, served = LOCKSTEP[route]
+  arts = build(CACHE.parent / "tiny-aligned", layouts=built_for, models="tiny") if built_for else tiny_artifacts
+  r = batch(gap_routes[route], "--artifacts", arts, "--out", tmp_path / "out", "--workers", 2)
   assert r.returncode == 0, r.stderr
   (s,) = json.loads((tmp_path / "out" / "summary.json").read_text())["routes"]
   assert {k: s[k] for k in summary} == summary and s["errors"] == [], s
@@ -86,12 +89,12 @@ def test_batch_equals_the_daemons_in_lockstep(route, gap_routes, tiny_artifacts,
               **dict.fromkeys(DRIVER_OUT, served[seg.name]["driver"])}
     # daemons started for the segment, as the batch starts each one: a running daemon would keep the last one's
     # calibration and messages across camerad's restart
-    daemons, notify, col = [Daemon(m, tiny_artifacts) for m in ("modeld", "dmonitoringd")], Notify(), Collector([*ROAD_OUT, *DRIVER_OUT])
+    daemons, notify, col = [Daemon(m, arts) for m in ("modeld", "dmonitoringd")], Notify(), Collector([*ROAD_OUT, *DRIVER_OUT])
     try:
       rec = subprocess.Popen([sys.executable, "-m", "modeld_tools.record", "--route", tmp_path / "live" / seg.name, "--stats-interval", "0"],
                              cwd=REPO, env={**os.environ, "NOTIFY_SOCKET": notify.addr})
       notify.wait("READY=1", 20)
-      lockstep(seg, col)
+      lockstep(seg, col, "--layout", layout)
       for svc, n in counts.items(): notify.wait_count(svc, n)   # recorded: a stop now loses nothing
       rec.send_signal(signal.SIGTERM)
       assert rec.wait(20) == 0
@@ -184,3 +187,16 @@ def test_diff_lists_the_largest_changes(routes, tiny_artifacts, tmp_path):
   assert "modelV2.position" in r.stdout and "largest changes at frame" in r.stdout and f"modeld-overlay {tmp_path / 'ref' / 'a'} --start" in r.stdout
   r = subprocess.run([sys.executable, "-m", "batch", "diff", tmp_path / "tiny", tmp_path / "tiny"], cwd=REPO, capture_output=True, text=True, env=ENV)
   assert r.returncode == 0 and "largest changes" not in r.stdout
+
+def test_artifacts_for_other_cameras_are_refused_before_ray_starts(routes, tiny_artifacts, tmp_path):
+  """Artifacts with no layout of a route's camera size: exit 1 before Ray starts, naming the camera, its size, the
+  artifact's layouts and the command that adds one (the check reads the manifests alone)."""
+  arts = tmp_path / "arts"
+  for family, layouts in (("road", None), ("dm", [str(UNSERVED_LAYOUT)])):
+    manifest = json.loads((tiny_artifacts / family / "manifest.json").read_text())
+    manifest["layouts"] = layouts or manifest["layouts"]
+    (arts / family).mkdir(parents=True)
+    (arts / family / "manifest.json").write_text(json.dumps(manifest))
+  r = batch(routes[0], "--artifacts", arts, "--out", tmp_path / "out", timeout=60)
+  assert r.returncode == 1 and f"the driver camera is 64x48, {arts / 'dm'} was built for {UNSERVED_LAYOUT}" in r.stderr, r.stderr
+  assert "--camera 64x48" in r.stderr and "ray:" not in r.stderr and not (tmp_path / "out").exists(), r.stderr
