@@ -31,9 +31,11 @@ class RouteSummary:
   segments: int = 0
   done: int = 0
   resumed: int = 0              # complete from an earlier run (--resume)
-  frames: int = 0
+  frames: int = 0               # camera frames served (a tick's road, wide road and driver frames count once)
   lost: int = 0                 # camera frames the segments could not serve (missing from the video, undecodable)
-  invalid: int = 0              # frames whose outputs are published valid = False
+  lost_why: dict[str, int] = field(default_factory=dict)   # reason -> frames
+  invalid: int = 0              # frames with a modelV2 or driverStateV2 published valid = False
+  bad_output: int = 0           # model runs whose outputs could not be parsed: skipped, nothing published
   model_s: float = 0.           # sum of modelExecutionTime and driverStateV2's
   wall_s: float = 0.            # sum of the segments' wall times on their workers
   errors: list[str] = field(default_factory=list)
@@ -128,6 +130,7 @@ def run(args) -> int:
         if r.get("error"): s.errors.append(f"{Path(j.src).name}: {r['error']}")
         else:
           s.done, s.frames, s.invalid, s.lost = s.done + 1, s.frames + r["frames"], s.invalid + r["invalid"], s.lost + r["lost"]
+          s.bad_output, s.lost_why = s.bad_output + r["bad_output"], dict(Counter(s.lost_why) + Counter(r["lost_why"]))
           s.model_s, s.wall_s = s.model_s + r["model_s"], s.wall_s + r["wall_s"]
         bar.update()
   except KeyboardInterrupt:
@@ -146,12 +149,12 @@ def run(args) -> int:
 def report(summary: dict[str, RouteSummary], out: Path, times: dict[str, float]) -> None:
   """The table on the terminal, and OUT/summary.json. times: wall_s (all of it), ray_s (Ray's start-up), start_s (the
   workers', artifacts loaded), job_s (the segments, from the workers ready to the last result)."""
-  rows = [f"{'route':40s} {'segments':>8s} {'done':>5s} {'resumed':>7s} {'failed':>6s} {'frames':>7s} {'invalid':>7s} {'lost':>5s} "
-          f"{'model s':>8s} {'wall s':>7s}"]
+  rows = [f"{'route':40s} {'segments':>8s} {'done':>5s} {'resumed':>7s} {'failed':>6s} {'frames':>7s} {'invalid':>7s} {'bad out':>7s} "
+          f"{'lost':>5s} {'model s':>8s} {'wall s':>7s}"]
   for s in summary.values():
-    rows.append(f"{s.route[:40]:40s} {s.segments:8d} {s.done:5d} {s.resumed:7d} {len(s.errors):6d} {s.frames:7d} {s.invalid:7d} {s.lost:5d} "
-                f"{s.model_s:8.1f} {s.wall_s:7.1f}")
-    rows += [f"  failed: {e}" for e in s.errors]
+    rows.append(f"{s.route[:40]:40s} {s.segments:8d} {s.done:5d} {s.resumed:7d} {len(s.errors):6d} {s.frames:7d} {s.invalid:7d} {s.bad_output:7d} "
+                f"{s.lost:5d} {s.model_s:8.1f} {s.wall_s:7.1f}")
+    rows += [f"  failed: {e}" for e in s.errors] + [f"  lost {n}: {why}" for why, n in Counter(s.lost_why).most_common()]
   print("\n".join(rows))
   print(f"wall time {times['wall_s']:.1f} s: Ray {times['ray_s']:.1f} s, workers' start {times['start_s']:.1f} s, segments {times['job_s']:.1f} s")
   out.mkdir(parents=True, exist_ok=True)

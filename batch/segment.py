@@ -106,13 +106,14 @@ def replay_segment(src: str, out: str, runners: Runners) -> dict:
             for s, (fid, sof, eof) in sent.items() for svc in [CAMERA_STATE_SERVICES[s]]]
     if road and streams[0] in sent: msgs += road.step(*(last.get(s, last[streams[0]]) for s in (streams[0], streams[-1])))
     if dm and DRIVER in sent: msgs += dm.step(last[DRIVER])
+    frame_invalid = False   # a frame counts once, however many of its outputs are invalid
     for svc, msg in msgs:
       rlog.write(dat := msg.to_bytes())
       pending.append(ev := messaging.log_from_bytes(dat))
       if svc in ("modelV2", "driverStateV2"):
-        invalid += not ev.valid
+        frame_invalid |= not ev.valid
         model_s += getattr(ev, svc).modelExecutionTime
-    frames += 1
+    frames, invalid = frames + 1, invalid + frame_invalid
   rlog.close()
   if dead := [CAMERAS[c].video for c, cam in CAMERAS.items() if served.get(cam.stream) == 0]:
     raise VideoError(f"no frame of {', '.join(dead)} could be decoded ({'; '.join(source.skipped) or 'no reason given'})")

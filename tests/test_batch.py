@@ -63,9 +63,11 @@ def gap_routes(scene, tmp_path_factory) -> dict[str, Path]:
 
 # route: (layouts the artifacts are built for, camerad's --layout, summary, {segment: {camera: frames served}})
 LOCKSTEP = {
-  "gaps": ((), "packed", dict(segments=2, done=2, frames=2 * FRAMES, lost=1),
+  "gaps": ((), "packed", dict(segments=2, done=2, frames=2 * FRAMES, invalid=6, bad_output=0, lost=1,
+                              lost_why={"road: frame 102 has no roadEncodeIdx": 1}),
            {"gaps--0": {"road": FRAMES - 1, "driver": FRAMES}, "gaps--1": {"road": FRAMES, "driver": FRAMES}}),
-  "wide": ((ALT_LAYOUT,), "aligned", dict(segments=1, done=1, frames=FRAMES - 1, lost=3),
+  "wide": ((ALT_LAYOUT,), "aligned", dict(segments=1, done=1, frames=FRAMES - 1, invalid=0, bad_output=0, lost=3,
+                                          lost_why={f"{c}: frame 503 has no {c.replace('wide', 'wideRoad')}EncodeIdx": 1 for c in STATES}),
            {"wide--0": dict.fromkeys(STATES, FRAMES - 1)}),
 }
 
@@ -76,14 +78,15 @@ def test_batch_equals_the_daemons_in_lockstep(route, gap_routes, tiny_artifacts,
   valid flags and frame ids, every field bit for bit but the execution times (each segment starts fresh in both). The
   routes miss frames: frame ids go on consecutively after a gap, as camerad's lockstep numbers them. gaps runs on two
   workers with artifacts of both layouts (the batch takes packed, camerad's default); wide with artifacts built for
-  aligned buffers only (the batch takes aligned; camerad is given --layout aligned)."""
+  aligned buffers only (the batch takes aligned; camerad is given --layout aligned). The summary counts frames,
+  invalid frames (not outputs), lost frames with their reasons."""
   built_for, layout, summary, served = LOCKSTEP[route]
   arts = build(CACHE.parent / "tiny-aligned", layouts=built_for, models="tiny") if built_for else tiny_artifacts
   r = batch(gap_routes[route], "--artifacts", arts, "--out", tmp_path / "out", "--workers", 2)
   assert r.returncode == 0, r.stderr
   (s,) = json.loads((tmp_path / "out" / "summary.json").read_text())["routes"]
   assert {k: s[k] for k in summary} == summary and s["errors"] == [], s
-  assert "route" in r.stdout and "wall time" in r.stdout
+  assert "bad out" in r.stdout and "wall time" in r.stdout and f"lost 1: {next(iter(summary['lost_why']))}" in r.stdout, r.stdout
   for seg in sorted(gap_routes[route].iterdir()):
     counts = {**{STATES[c]: n for c, n in served[seg.name].items()}, **dict.fromkeys(ROAD_OUT, served[seg.name]["road"]),
               **dict.fromkeys(DRIVER_OUT, served[seg.name]["driver"])}
