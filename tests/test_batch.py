@@ -111,6 +111,17 @@ def test_batch_equals_the_daemons_in_lockstep(route, gap_routes, tiny_artifacts,
     assert ids == list(range(ids[0], ids[0] + len(ids))), (seg.name, ids)   # consecutive across the gap, as lockstep serves them
     for svc in out: assert live[svc] == out[svc], f"{seg.name} {svc}"
 
+def test_outputs_that_cannot_be_parsed_are_counted(routes, tmp_path):
+  """A driver-monitoring model whose outputs the daemon cannot parse (its manifest's face_descs_lhd slice 10 wide):
+  every driver frame is skipped and counted as bad_output, the segments still complete (each starts its own count
+  of failures in a row, under the daemon's limit here)."""
+  arts = build(CACHE.parent / "tiny-both-face_descs_lhd-10", models="tiny", widths=(("face_descs_lhd", 10),))
+  r = batch(routes[0], "--artifacts", arts, "--out", tmp_path / "out")
+  assert r.returncode == 0, r.stderr
+  (s,) = json.loads((tmp_path / "out" / "summary.json").read_text())["routes"]
+  assert (s["done"], s["frames"], s["bad_output"], s["errors"]) == (2, 2 * FRAMES, 2 * FRAMES, []), s
+  assert not messages(tmp_path / "out" / "a" / "a--0")["driverStateV2"] and messages(tmp_path / "out" / "a" / "a--0")["modelV2"]
+
 def test_killed_worker_is_retried_with_identical_results(scene, tiny_artifacts, tmp_path):
   """A worker SIGKILLed in the middle of a segment: Ray restarts it and runs the segment again; no partial output is
   left, and every output equals that of a run without the kill."""
