@@ -84,8 +84,12 @@ def check_layouts(jobs: list[Job], arts: dict) -> None:
     except ValueError as e: raise ValueError(f"{j.src}: {e}") from None
 
 def run(args) -> int:
-  import ray
-  from tqdm import tqdm
+  try:
+    import ray
+    from tqdm import tqdm
+  except ModuleNotFoundError as e:
+    print(f"modeld-batch: needs {e.name}, which the base install lacks: pip install 'tinymodeld[batch]'", file=sys.stderr)
+    return 2
   from batch.segment import SegmentWorker
   out = Path(args.out)
   jobs = route_jobs(args.routes, out)
@@ -163,8 +167,13 @@ def report(summary: dict[str, RouteSummary], out: Path, times: dict[str, float])
 def diff(args) -> int:
   from modeld_tools.compare import compare, route_outputs, table
   a, b = Path(args.a), Path(args.b)
-  routes = sorted({d.name for d in a.iterdir() if d.is_dir()} & {d.name for d in b.iterdir() if d.is_dir()})
-  if not routes:
+  if missing := [str(p) for p in (a, b) if not p.is_dir()]:
+    print(f"modeld-batch diff: expected two modeld-batch output folders; no such folder: {', '.join(missing)}", file=sys.stderr)
+    return 1
+  ra, rb = ({d.name for d in p.iterdir() if d.is_dir()} for p in (a, b))
+  for p, only in ((a, ra - rb), (b, rb - ra)):
+    if only: print(f"only in {p} (not compared): {', '.join(sorted(only))}")
+  if not (routes := sorted(ra & rb)):
     print(f"modeld-batch diff: {a} and {b} share no route", file=sys.stderr)
     return 1
   for r in routes:

@@ -1,6 +1,6 @@
 """modeld-batch on a real local Ray: the same outputs as the live daemons in lockstep (missing frames and the wide
 road camera included), the artifacts' buffer layouts, retries of a killed worker, a corrupt segment reported while
-the rest finish, Ctrl-C and --resume, and diff."""
+the rest finish, Ctrl-C and --resume, diff, and the errors a user meets first."""
 import json, os, shutil, signal, subprocess, sys, time
 from pathlib import Path
 import pytest
@@ -200,7 +200,19 @@ def test_diff_lists_the_largest_changes(routes, tiny_artifacts, tmp_path):
   assert r.returncode == 0, r.stderr
   assert "modelV2.position" in r.stdout and "largest changes at frame" in r.stdout and f"modeld-overlay {tmp_path / 'ref' / 'a'} --start" in r.stdout
   r = subprocess.run([sys.executable, "-m", "batch", "diff", tmp_path / "tiny", tmp_path / "tiny"], cwd=REPO, capture_output=True, text=True, env=ENV)
-  assert r.returncode == 0 and "largest changes" not in r.stdout
+  assert r.returncode == 0 and "largest changes" not in r.stdout and "only in" not in r.stdout
+
+def test_diff_reports_what_it_cannot_compare(routes, tiny_artifacts, tmp_path):
+  """A route in one output only is named, the shared ones compared; a folder that is not there is a one-line error."""
+  assert batch(routes[0], "--artifacts", tiny_artifacts, "--out", tmp_path / "one").returncode == 0
+  shutil.copytree(tmp_path / "one", tmp_path / "two")
+  shutil.copytree(tmp_path / "one" / "a", tmp_path / "one" / "z")
+  def diff(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "batch", "diff", *map(str, args)], cwd=REPO, capture_output=True, text=True, env=ENV)
+  r = diff(tmp_path / "one", tmp_path / "two")
+  assert r.returncode == 0 and f"only in {tmp_path / 'one'} (not compared): z" in r.stdout and "modelV2.position" in r.stdout, r.stdout
+  r = diff(tmp_path / "one", tmp_path / "nowhere")
+  assert r.returncode == 1 and f"no such folder: {tmp_path / 'nowhere'}" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 def test_artifacts_for_other_cameras_are_refused_before_ray_starts(routes, tiny_artifacts, tmp_path):
   """Artifacts with no layout of a route's camera size: exit 1 before Ray starts, naming the camera, its size, the
@@ -214,3 +226,11 @@ def test_artifacts_for_other_cameras_are_refused_before_ray_starts(routes, tiny_
   r = batch(routes[0], "--artifacts", arts, "--out", tmp_path / "out", timeout=60)
   assert r.returncode == 1 and f"the driver camera is 64x48, {arts / 'dm'} was built for {UNSERVED_LAYOUT}" in r.stderr, r.stderr
   assert "--camera 64x48" in r.stderr and "ray:" not in r.stderr and not (tmp_path / "out").exists(), r.stderr
+
+def test_without_ray_installed_says_which_extra(routes, tiny_artifacts, tmp_path):
+  """The base install has no Ray: exit 2 with the install command, no traceback. (Ray is made unimportable in the
+  child as Python does for a module it cannot find.)"""
+  code = "import sys; sys.modules['ray'] = None; from batch.main import main; sys.exit(main())"
+  r = subprocess.run([sys.executable, "-c", code, routes[0], "--artifacts", tiny_artifacts, "--out", tmp_path / "out"], cwd=REPO,
+                     capture_output=True, text=True, env=ENV, timeout=60)
+  assert r.returncode == 2 and "pip install 'tinymodeld[batch]'" in r.stderr and "Traceback" not in r.stderr, r.stderr
