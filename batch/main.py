@@ -8,7 +8,7 @@ A segment's frames go through the daemons' own frame code (batch/segment.py); it
 to OUT/<route>/<route>--<n>/rlog.zst, written under a temporary name and renamed when complete. Before Ray starts, the
 artifacts' manifests are checked against each route's camera sizes. Without --address, ray.init() starts a local Ray
 with --workers workers (default: one per core); with it, the job joins that cluster, and ROUTE, --artifacts and --out
-must be paths every node reads (a shared file system).
+must be paths every node reads, this machine included (a shared file system).
 """
 from __future__ import annotations
 import argparse, json, os, shutil, sys, time
