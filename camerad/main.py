@@ -146,12 +146,15 @@ class SourceClock:
     self.last = sof + self.shift
     return sof + self.shift, eof + self.shift
 
+ROAD_PAIR = {ROAD, WIDE_ROAD}
+
 class FrameWriter:
   """What camerad serves of a tick: each stream's frame written into a buffer, with the frame id and SOF/EOF times it
   goes out with. A frame that cannot be written (a damaged picture) is skipped and counted in the source's `skipped`.
   Ids are the source's index, continued across loop passes; in lockstep each stream's ids are consecutive from its
   first frame on (a log's own up to its first gap): modeld takes a frame after a gap in the ids for one after a drop
-  and answers it with nothing, so lockstep would wait forever. Times: the write's own, in lockstep the source's
+  and answers it with nothing, so lockstep would wait forever; for the same reason a road or wide frame whose partner
+  is missing (both served) is skipped and counted. Times: the write's own, in lockstep the source's
   (SourceClock). modeld-batch serves its segments through this too, so its frames are numbered and timed as a
   lockstep replay's."""
   def __init__(self, source: Source, lockstep: bool):
@@ -172,6 +175,10 @@ class FrameWriter:
         tick.frames[s](out, layout)
         written.append(s)
       except ValueError as e: self.source.skipped[f"{CAMERA_OF[s]}: {e}"] += 1
+    if self.lockstep and ROAD_PAIR <= self.source.streams.keys() and len(alone := ROAD_PAIR & set(written)) == 1:
+      # modeld runs a road frame only with its wide one: served alone, it would never be answered
+      written.remove(s := alone.pop())
+      self.source.skipped[f"{CAMERA_OF[s]}: frame without its {CAMERA_OF[(ROAD_PAIR - {s}).pop()]} frame (lockstep serves them together)"] += 1
     eof = time.monotonic_ns()
     ids = {s: self.last[s] + 1 if self.lockstep and s in self.last else tick.index + self.offset for s in written}
     self.last.update(ids)

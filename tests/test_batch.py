@@ -49,7 +49,7 @@ def gap_routes(scene, tmp_path_factory) -> dict[str, Path]:
   """Routes with missing frames. gaps: road and driver, two segments; the road camera's frame 102 dropped by the
   encoder; segment 1 starts before its first calibration (frames 108-109: modelV2 invalid, driverStateV2 valid) and a
   broken one follows frame 110 (111-114: both invalid until the next good one). wide: road, wide road and driver, one
-  segment; frame 503 dropped on every camera."""
+  segment; frame 503 dropped on every camera, 506 on the wide one only (its road frame cannot run alone)."""
   d = tmp_path_factory.mktemp("gaps")
   def broken_calibration(fid: int, t: int) -> list:
     if fid != 110: return []
@@ -58,7 +58,7 @@ def gap_routes(scene, tmp_path_factory) -> dict[str, Path]:
     return [cal]
   write_route(d / "gaps", scene, segments=2, frames=FRAMES, first_frame_id=100, missing={("road", 102)}, extra=broken_calibration)
   write_route(d / "wide", scene, cameras=("road", "wide", "driver"), segments=1, frames=FRAMES, first_frame_id=500,
-              missing={(c, 503) for c in STATES})
+              missing={*((c, 503) for c in STATES), ("wide", 506)})
   return {"gaps": d / "gaps", "wide": d / "wide"}
 
 # route: (layouts the artifacts are built for, camerad's --layout, summary, {segment: {camera: frames served}})
@@ -66,9 +66,11 @@ LOCKSTEP = {
   "gaps": ((), "packed", dict(segments=2, done=2, frames=2 * FRAMES, invalid=6, bad_output=0, lost=1,
                               lost_why={"road: frame 102 has no roadEncodeIdx": 1}),
            {"gaps--0": {"road": FRAMES - 1, "driver": FRAMES}, "gaps--1": {"road": FRAMES, "driver": FRAMES}}),
-  "wide": ((ALT_LAYOUT,), "aligned", dict(segments=1, done=1, frames=FRAMES - 1, invalid=0, bad_output=0, lost=3,
-                                          lost_why={f"{c}: frame 503 has no {c.replace('wide', 'wideRoad')}EncodeIdx": 1 for c in STATES}),
-           {"wide--0": dict.fromkeys(STATES, FRAMES - 1)}),
+  "wide": ((ALT_LAYOUT,), "aligned", dict(segments=1, done=1, frames=FRAMES - 1, invalid=0, bad_output=0, lost=5,
+                                          lost_why={**{f"{c}: frame 503 has no {c.replace('wide', 'wideRoad')}EncodeIdx": 1 for c in STATES},
+                                                    "wide: frame 506 has no wideRoadEncodeIdx": 1,
+                                                    "road: frame without its wide frame (lockstep serves them together)": 1}),
+           {"wide--0": {"road": FRAMES - 2, "wide": FRAMES - 2, "driver": FRAMES - 1}}),
 }
 
 @pytest.mark.parametrize("route", LOCKSTEP)
