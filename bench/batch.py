@@ -21,7 +21,7 @@ from routes import bare_rates, write_route
 
 def run_batch(routes: list[pathlib.Path], art: pathlib.Path, out: pathlib.Path, workers: int) -> dict:
   """The job's summary (its times: wall_s, ray_s, start_s, job_s)."""
-  r = subprocess.run([sys.executable, '-m', 'batch', *map(str, routes), '--artifacts', str(art), '--out', str(out), '--workers', str(workers),
+  r = subprocess.run([sys.executable, '-m', 'modeld_batch', *map(str, routes), '--artifacts', str(art), '--out', str(out), '--workers', str(workers),
                       '--quiet'], cwd=REPO, capture_output=True, text=True, env={**os.environ, 'RAY_AUTH_MODE': 'disabled'})
   if r.returncode != 0: sys.exit(f"modeld-batch failed ({r.returncode}):\n{r.stderr[-2000:]}")
   return json.loads((out / 'summary.json').read_text())

@@ -14,11 +14,11 @@ ENV = {**os.environ, "DEV": "CPU", "RAY_AUTH_MODE": "disabled"}
 FRAMES = 8   # per segment of the test routes
 
 def batch(*args, timeout: float = 300) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, "-m", "batch", *map(str, args), "--quiet"], cwd=REPO, capture_output=True, text=True, env=ENV,
+  return subprocess.run([sys.executable, "-m", "modeld_batch", *map(str, args), "--quiet"], cwd=REPO, capture_output=True, text=True, env=ENV,
                         timeout=timeout)
 
 def start_batch(*args) -> subprocess.Popen:
-  return subprocess.Popen([sys.executable, "-m", "batch", *map(str, args), "--quiet"], cwd=REPO, stdout=subprocess.PIPE,
+  return subprocess.Popen([sys.executable, "-m", "modeld_batch", *map(str, args), "--quiet"], cwd=REPO, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, env=ENV)
 
 @pytest.fixture(scope="module")
@@ -197,11 +197,11 @@ def test_diff_lists_the_largest_changes(routes, tiny_artifacts, tmp_path):
   ref = build()   # the reference models, shared with the other tests
   for name, art in (("tiny", tiny_artifacts), ("ref", ref)):
     assert batch(routes[0], "--artifacts", art, "--out", tmp_path / name).returncode == 0
-  r = subprocess.run([sys.executable, "-m", "batch", "diff", tmp_path / "tiny", tmp_path / "ref", "--top", "3"], cwd=REPO, capture_output=True,
+  r = subprocess.run([sys.executable, "-m", "modeld_batch", "diff", tmp_path / "tiny", tmp_path / "ref", "--top", "3"], cwd=REPO, capture_output=True,
                      text=True, env=ENV)
   assert r.returncode == 0, r.stderr
   assert "modelV2.position" in r.stdout and "largest changes at frame" in r.stdout and f"modeld-overlay {tmp_path / 'ref' / 'a'} --start" in r.stdout
-  r = subprocess.run([sys.executable, "-m", "batch", "diff", tmp_path / "tiny", tmp_path / "tiny"], cwd=REPO, capture_output=True, text=True, env=ENV)
+  r = subprocess.run([sys.executable, "-m", "modeld_batch", "diff", tmp_path / "tiny", tmp_path / "tiny"], cwd=REPO, capture_output=True, text=True, env=ENV)
   assert r.returncode == 0 and "largest changes" not in r.stdout and "only in" not in r.stdout
 
 def test_diff_reports_what_it_cannot_compare(routes, tiny_artifacts, tmp_path):
@@ -210,7 +210,7 @@ def test_diff_reports_what_it_cannot_compare(routes, tiny_artifacts, tmp_path):
   shutil.copytree(tmp_path / "one", tmp_path / "two")
   shutil.copytree(tmp_path / "one" / "a", tmp_path / "one" / "z")
   def diff(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "batch", "diff", *map(str, args)], cwd=REPO, capture_output=True, text=True, env=ENV)
+    return subprocess.run([sys.executable, "-m", "modeld_batch", "diff", *map(str, args)], cwd=REPO, capture_output=True, text=True, env=ENV)
   r = diff(tmp_path / "one", tmp_path / "two")
   assert r.returncode == 0 and f"only in {tmp_path / 'one'} (not compared): z" in r.stdout and "modelV2.position" in r.stdout, r.stdout
   r = diff(tmp_path / "one", tmp_path / "nowhere")
@@ -232,7 +232,7 @@ def test_artifacts_for_other_cameras_are_refused_before_ray_starts(routes, tiny_
 def test_without_ray_installed_says_which_extra(routes, tiny_artifacts, tmp_path):
   """The base install has no Ray: exit 2 with the install command, no traceback. (Ray is made unimportable in the
   child as Python does for a module it cannot find.)"""
-  code = "import sys; sys.modules['ray'] = None; from batch.main import main; sys.exit(main())"
+  code = "import sys; sys.modules['ray'] = None; from modeld_batch.main import main; sys.exit(main())"
   r = subprocess.run([sys.executable, "-c", code, routes[0], "--artifacts", tiny_artifacts, "--out", tmp_path / "out"], cwd=REPO,
                      capture_output=True, text=True, env=ENV, timeout=60)
   assert r.returncode == 2 and "pip install 'tinymodeld[batch]'" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -1,5 +1,6 @@
 """pyproject.toml's dependency policy, and requirements.lock inside it: every dependency is pinned exactly or a compatible
-range `>=L,<M` with M a major version (a shared environment keeps its older versions; a new major is untested), and the version the lock pins (what the suite runs with) satisfies it."""
+range `>=L,<M` with M a major version (a shared environment keeps its older versions; a new major is untested), and
+the version the lock pins (what the suite runs with) satisfies it."""
 import tomllib
 from pathlib import Path
 from packaging.requirements import Requirement

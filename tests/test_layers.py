@@ -12,7 +12,7 @@ LAYERS = [
   ("model runtime", ["modelrt"]),
   ("camera sources", ["camerad"]),
   ("daemons", ["modeld_common.camera", "modeld_common.daemon", "modeld", "dmonitoringd"]),
-  ("tools", ["modeld_tools", "batch"]),
+  ("tools", ["modeld_tools", "modeld_batch"]),
 ]
 APART = [("modeld", "dmonitoringd")]   # same layer, but neither imports the other
 

@@ -4,7 +4,7 @@
   modeld-batch diff OUT_A OUT_B [--top N]
 
 One Ray task per segment, served by long-lived actors (one per worker) that load the artifacts once, as a daemon does.
-A segment's frames go through the daemons' own frame code (batch/segment.py); its outputs and input camera states go
+A segment's frames go through the daemons' own frame code (modeld_batch/segment.py); its outputs and input camera states go
 to OUT/<route>/<route>--<n>/rlog.zst, written under a temporary name and renamed when complete. Before Ray starts, the
 artifacts' manifests are checked against each route's camera sizes. Without --address, ray.init() starts a local Ray
 with --workers workers (default: one per core); with it, the job joins that cluster, and ROUTE, --artifacts and --out
@@ -69,7 +69,7 @@ def check_layouts(jobs: list[Job], arts: dict) -> None:
   whose video opens (a video that does not is its segment's error, later)."""
   from cereal.services import CAMERAS
   from oproute.video import VideoDecoder, VideoError
-  from batch.segment import artifact_layouts
+  from modeld_batch.segment import artifact_layouts
   seen = set()
   for j in jobs:
     sizes = {}
@@ -90,7 +90,7 @@ def run(args) -> int:
   except ModuleNotFoundError as e:
     print(f"modeld-batch: needs {e.name}, which the base install lacks: pip install 'tinymodeld[batch]'", file=sys.stderr)
     return 2
-  from batch.segment import SegmentWorker
+  from modeld_batch.segment import SegmentWorker
   out = Path(args.out)
   jobs = route_jobs(args.routes, out)
   for tmp in out.glob("*/.*.tmp"): shutil.rmtree(tmp, ignore_errors=True)   # what an interrupted run left

@@ -1,4 +1,0 @@
-import sys
-from batch.main import main
-
-sys.exit(main())

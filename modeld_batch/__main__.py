@@ -1,0 +1,4 @@
+import sys
+from modeld_batch.main import main
+
+sys.exit(main())
