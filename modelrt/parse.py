@@ -11,8 +11,8 @@ def safe_exp(x: np.ndarray) -> np.ndarray:
   return np.exp(np.minimum(x, 11.0))
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
-  e = np.exp(-np.abs(x))   # never overflows
-  return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(np.float32)
+  """openpilot's 1 / (1 + safe_exp(-x)): never below 1 / (1 + e^11) ~ 1.67e-5 (the clamp also keeps exp from overflowing)."""
+  return (1.0 / (1.0 + safe_exp(-np.asarray(x)))).astype(np.float32)
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
   e = np.exp(x - np.max(x, axis=axis, keepdims=True))

@@ -14,11 +14,22 @@ def test_primitives_stay_finite():
     assert safe_exp(x)[-1] == pytest.approx(np.exp(11)) and safe_exp(np.float32(0)) == 1
     s = sigmoid(x)
     p = softmax(np.stack([x, x[::-1]]), axis=0)
-  np.testing.assert_allclose(s, [0, 0, 0, 0.5, 1, 1, 1], atol=1e-12)
+  floor = 1 / (1 + np.exp(11))
+  np.testing.assert_allclose(s, [floor, floor, floor, 0.5, 1, 1, 1], rtol=1e-6, atol=1e-12)
   assert np.isfinite(p).all() and np.allclose(p.sum(0), 1)
   np.testing.assert_allclose(parse_binary_crossentropy(np.float32([0.3])), 1 / (1 + np.exp(-0.3)), rtol=1e-6)
   q = parse_categorical_crossentropy(np.arange(8, dtype=np.float32)[None], (2, 4))
   assert q.shape == (1, 2, 4) and np.allclose(q.sum(-1), 1) and q[0, 0, 3] == pytest.approx(q[0, 1, 3])
+
+def test_sigmoid_is_openpilots():
+  """1 / (1 + exp(min(-x, 11))): a logit below -11 gives 1/(1+e^11) ~ 1.67e-5, not the exact sigmoid (2e-9 at -20)."""
+  x = np.float32([-1e4, -20, -11, -5, 0, 5, 20, 1e4])
+  want = 1 / (1 + np.exp(np.minimum(-x.astype(np.float64), 11)))
+  got = sigmoid(x)
+  assert got.dtype == np.float32
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
+  assert got[1] == pytest.approx(1.67e-5, rel=1e-2) and got[0] == got[1] == got[2] and got[-1] == 1
+  assert sigmoid(np.float64(-20)) == np.float32(1 / (1 + np.exp(11)))   # float32 out whatever comes in
 
 def openpilot_mdn(raw, in_N, out_N, out_shape):
   """openpilot's loop-and-argsort formulation, to check the vectorised one against."""

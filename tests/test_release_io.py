@@ -21,7 +21,7 @@ BLINKER_FROM, RHD_FROM = 60, 70        # left blinker and a nudge to the left; t
 N_VISION = KNOWN['vision'].size
 CAR = ['liveCalibration', 'carState', 'carControl', 'liveDelay', 'driverMonitoringState']   # what the test sends modeld every frame
 
-def sigmoid(x): return 1 / (1 + np.exp(-np.asarray(x, np.float64)))
+def sigmoid(x): return 1 / (1 + np.exp(np.minimum(-np.asarray(x, np.float64), 11)))   # openpilot's: exp clamped at 11
 def softmax(x): return np.exp(x - np.max(x, -1, keepdims=True)) / np.exp(x - np.max(x, -1, keepdims=True)).sum(-1, keepdims=True)
 def close(got, want, rtol=1e-5, atol=1e-6): np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=rtol, atol=atol)
 
