@@ -3,8 +3,11 @@ artifact's contract, plus the action read off the plan.
 
 What openpilot v0.11.1 leaves empty stays empty: laneLines/roadEdges t, the stds of velocity, acceleration,
 orientation and orientationRate, temporalPose (those models have no pose-over-time output). Every float written comes
-from finite numbers: the daemon zeroes non-finite model outputs before parsing (and marks the frame invalid), and
-the derived values here (path polynomial, confidence, action) stay finite for finite inputs.
+from finite numbers: the daemon zeroes non-finite model outputs before parsing (and marks the frame invalid); the
+derived values here are computed in float64, so they are finite for finite inputs, and confidence is bounded. The
+action and the path polynomial can still exceed a Float32 field's range on a finite plan near float32's own (a
+Float32 field would then hold inf): fits_float32 tells, and modeld publishes such a frame invalid, with the previous
+action and a zero path, and does not feed it back.
 """
 from __future__ import annotations
 from dataclasses import dataclass, field
@@ -27,6 +30,7 @@ DISENGAGE_FIELDS = ('brakeDisengageProbs', 'gasDisengageProbs', 'steerOverridePr
                     'brake4MetersPerSecondSquaredProbs', 'brake5MetersPerSecondSquaredProbs', 'gasPressProbs', 'brakePressProbs')
 # confidence: the independent disengage probability of each 2 s step, kept for the last 5 pushes (every 2 s)
 DISENGAGE_WIDTH = CONFIDENCE_BUFFER_LEN = len(META_T_IDXS)
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 @dataclass
 class Action:
@@ -53,6 +57,10 @@ class FrameInfo:
   lane_change_state: str = 'off'
   lane_change_direction: str = 'none'
 
+def fits_float32(*values: float | np.ndarray) -> bool:
+  """Whether every value is finite and within a Float32 message field's range (a larger one would be written as inf)."""
+  return all(bool((np.abs(np.asarray(v, np.float64)) <= FLOAT32_MAX).all()) for v in values)
+
 def smooth_value(val: float, prev: float, tau: float, dt: float = DT) -> float:
   alpha = 1 - np.exp(-dt / tau) if tau > 0 else 1.
   return alpha * val + (1 - alpha) * prev
@@ -70,7 +78,10 @@ def get_action(plan: np.ndarray, prev: Action, lat_action_t: float, long_action_
   """plan (33, 15), cols: the contract's plan columns. Acceleration: the one that reaches the plan's speed at
   long_action_t (2 (v(t) - v0) / t - a0), smoothed; stop when the plan's speed now is below STOP_SPEED and that
   acceleration below STOP_ACCEL. Curvature: from the plan's yaw at lat_action_t and its yaw rate now
-  (2 yaw / (v t) - yaw_rate / v, v >= MIN_SPEED), held at its previous value at MIN_LAT_CONTROL_SPEED or below."""
+  (2 yaw / (v t) - yaw_rate / v, v >= MIN_SPEED), held at its previous value at MIN_LAT_CONTROL_SPEED or below.
+  In float64: float32 plan values near their limit would overflow (fits_float32 tells whether the result fits the
+  messages)."""
+  plan = np.asarray(plan, np.float64)
   v, a = plan[:, cols['velocity']][:, 0], plan[:, cols['acceleration']][:, 0]
   accel = 2 * (_at(long_action_t, v, v[0]) - v[0]) / long_action_t - a[0]
   should_stop = bool(v[0] < STOP_SPEED and accel < STOP_ACCEL)
@@ -80,6 +91,11 @@ def get_action(plan: np.ndarray, prev: Action, lat_action_t: float, long_action_
   curvature = 2 * _at(lat_action_t, yaw, 0.) / (v_clip * lat_action_t) - yaw_rate / v_clip
   curvature = smooth_value(curvature, prev.desiredCurvature, LAT_SMOOTH_SECONDS) if v_ego > MIN_LAT_CONTROL_SPEED else prev.desiredCurvature
   return Action(float(curvature), float(accel), should_stop)
+
+def path_coefficients(plan: np.ndarray, cols: slice) -> np.ndarray:
+  """The plan's position (its `cols`) fitted over T_IDXS by a degree POLY_PATH_DEGREE polynomial: (degree + 1, 3),
+  lowest power first. In float64: a float32 fit of plan values near their limit overflows."""
+  return np.polynomial.polynomial.polyfit(T_IDXS.astype(np.float64), np.asarray(plan[:, cols], np.float64), POLY_PATH_DEGREE)
 
 def _fill_xyzt(b, t, x, y, z, x_std=None, y_std=None, z_std=None) -> None:
   b.t, b.x, b.y, b.z = (np.asarray(v, np.float32).tolist() for v in (t, x, y, z))
@@ -111,8 +127,10 @@ def update_confidence(state: PublishState, meta: dict, frame_id: int, thresholds
   score = sum(state.disengage_buffer[i * DISENGAGE_WIDTH + DISENGAGE_WIDTH - 1 - i] for i in range(DISENGAGE_WIDTH)) / DISENGAGE_WIDTH
   return 'green' if score < thresholds[0] else 'yellow' if score < thresholds[1] else 'red'
 
-def fill_model_msgs(out: dict, info: FrameInfo, action: Action, state: PublishState, contract: RoadContract, raw: np.ndarray | None = None):
-  """out: modeld.parse.parse_outputs(...). Returns (modelV2, drivingModelData, cameraOdometry) Event builders.
+def fill_model_msgs(out: dict, info: FrameInfo, action: Action, path: np.ndarray, state: PublishState, contract: RoadContract,
+                    raw: np.ndarray | None = None):
+  """out: modeld.parse.parse_outputs(...), action: get_action(...), path: path_coefficients(...). Returns (modelV2,
+  drivingModelData, cameraOdometry) Event builders.
   cameraOdometry is valid only when the frame is (it is never sent for a frame after a drop)."""
   plan, plan_std = out['plan'], out['plan_std']
   mv2_msg, dmd_msg, odo_msg = new_message('modelV2'), new_message('drivingModelData'), new_message('cameraOdometry')
@@ -128,8 +146,7 @@ def fill_model_msgs(out: dict, info: FrameInfo, action: Action, state: PublishSt
 
   for name, cols in contract.plan.items():
     _fill_xyzt(getattr(mv2, name), T_IDXS, *plan[:, cols].T, *(plan_std[:, cols].T if name in contract.plan_stds else ()))
-  coeffs = np.polynomial.polynomial.polyfit(T_IDXS, plan[:, contract.plan['position']], POLY_PATH_DEGREE)   # (degree+1, 3), lowest power first
-  dmd.path.xCoefficients, dmd.path.yCoefficients, dmd.path.zCoefficients = (coeffs[:, i].astype(np.float32).tolist() for i in range(3))
+  dmd.path.xCoefficients, dmd.path.yCoefficients, dmd.path.zCoefficients = (path[:, i].tolist() for i in range(3))
 
   probs = out['lane_lines_prob'][1::2]   # per line (absent, present): the present ones
   lines = mv2.init('laneLines', len(out['lane_lines']))

@@ -5,7 +5,8 @@ Inputs from the newest messages: the warp transforms from the calibration and th
 message's sensor, or --sensor), the desire from the lane-change state, the traffic convention from
 driverMonitoringState.isRHD. Drops are counted by frame id (a frame after a drop only feeds the image history). The
 outputs are parsed by the artifact's contract; the action, the desire and modelV2, drivingModelData, cameraOdometry are
-filled from them as openpilot does. Outputs are valid once a good calibration arrived, for a finite, untorn frame.
+filled from them as openpilot does. Outputs are valid once a good calibration arrived, for a finite, untorn frame whose
+action and path fit their Float32 fields.
 """
 from __future__ import annotations
 import numpy as np
@@ -68,17 +69,25 @@ class RoadModel(FrameModel):
   def messages(self, outputs: dict, run: FrameRun, valid: bool) -> list:
     from modeld.parse import parse_outputs
     from modeld.desire import Desire
-    from modeld.fill_msgs import FrameInfo, fill_model_msgs, get_action, action_times
+    from modeld.fill_msgs import FrameInfo, fill_model_msgs, fits_float32, get_action, action_times, path_coefficients
     main, extra = run.frames
     parsed = parse_outputs(outputs, self.contract)
     cs = self.sm['carState']
     v_ego = max(float(cs.vEgo), 0.) if np.isfinite(cs.vEgo) else 0.
-    action = get_action(parsed['plan'], self.publish_state.prev_action, *action_times(self.sm['liveDelay'].lateralDelay), v_ego, self.contract.plan)
+    prev = self.publish_state.prev_action
+    action = get_action(parsed['plan'], prev, *action_times(self.sm['liveDelay'].lateralDelay), v_ego, self.contract.plan)
+    path = path_coefficients(parsed['plan'], self.contract.plan['position'])
+    # a finite plan near float32's limit: an action or path no Float32 field holds. Published invalid with the previous
+    # action and no path, and not fed back (the smoothing would carry it into every later frame)
+    if not (fits := fits_float32(action.desiredCurvature, action.desiredAcceleration, path)):
+      self.stats.count('overflow')
+      self.log.debug("frame %d: the plan's action or path overflows a Float32, published invalid", main.frame_id)
+      valid, action, path = False, prev, np.zeros_like(path)
     lane_change_prob = float(parsed['desire_state'][Desire.laneChangeLeft] + parsed['desire_state'][Desire.laneChangeRight])
     self.desire.update(cs, self.sm['carControl'].latActive, lane_change_prob)
     frame_age = max(0, self.sm[self.state_name].frameId - main.frame_id)
     info = FrameInfo(main.frame_id, extra.frame_id, frame_age, self.drops.frame_drop_perc, main.timestamp_eof, run.run_time, valid=valid,
                      lane_change_state=self.desire.lane_change_state, lane_change_direction=self.desire.lane_change_direction)
-    msgs = fill_model_msgs(parsed, info, action, self.publish_state, self.contract, run.out.raw if self.raw_predictions else None)
-    if run.out.finite: self.publish_state.prev_action = action
+    msgs = fill_model_msgs(parsed, info, action, path, self.publish_state, self.contract, run.out.raw if self.raw_predictions else None)
+    if run.out.finite and fits: self.publish_state.prev_action = action
     return list(zip(self.PUBLISHES, msgs))

@@ -149,7 +149,7 @@ class FrameModel:
     self.stats.count('frames')
     self.stats.timing('exec', run.run_time)
     self.stats.timing('frame', time.perf_counter() - t0)   # frame in hand -> messages made: the run and the daemon's own work
-    if not valid: self.stats.count('invalid')
+    if not all(m.valid for _, m in msgs): self.stats.count('invalid')   # as published: messages() may find more wrong
     return msgs
 
 class ModelDaemon:

@@ -1,6 +1,6 @@
 """modeld: frame sync, drops, desire, action and messages as units; then the daemon as a real process against a real
 camera server (VisionIPC shared memory), real pub/sub sockets and a real notify socket, as openpilot's daemon test."""
-import math, random, time
+import logging, math, random, time
 import numpy as np
 import pytest
 from cereal import messaging
@@ -13,9 +13,11 @@ from modelrt.constants import T_IDXS
 from modelrt.contracts import ROAD_V0_11_1
 from modeld.sync import FrameSync, FrameDrops
 from modeld.desire import DesireHelper, Desire
-from modeld.fill_msgs import Action, FrameInfo, PublishState, action_times, fill_model_msgs, get_action
-from modeld_common.daemon import EX_CONFIG
-from modelrt.runner import _output
+from modeld.fill_msgs import Action, FrameInfo, PublishState, action_times, fill_model_msgs, fits_float32, get_action, path_coefficients
+from modeld.model import RoadModel
+from modeld_common.daemon import EX_CONFIG, FrameRun
+from modeld_common.service import Stats
+from modelrt.runner import RoadRunner, _output
 from modeld.parse import parse_outputs
 from modelrt.calibration import Calibration, CalibrationError, check_rpy, sensor_name, camera_for
 
@@ -27,7 +29,8 @@ def artifacts(): return build(CACHE.parent / 'tiny', models='tiny')
 # ***** units *****
 
 class F:
-  def __init__(self, frame_id, sof_ms): self.frame_id, self.timestamp_sof = frame_id, int(sof_ms * 1e6)
+  """What the frame code reads of a camera frame besides its pixels."""
+  def __init__(self, frame_id, sof_ms): self.frame_id, self.timestamp_sof, self.timestamp_eof = frame_id, int(sof_ms * 1e6), int(sof_ms * 1e6)
 
 class _Recv:
   """A camera client's recv over a list of frames (None: that receive times out); records each receive's timeout."""
@@ -163,6 +166,20 @@ def test_action_times_shorter_than_the_stable_delay_read_the_plan_at_it():
     assert math.isclose(at[t].desiredCurvature, at[0.3].desiredCurvature, rel_tol=1e-6)
   assert not math.isclose(action(plan, Action(), 20., lat_t=0.6).desiredCurvature, at[0.3].desiredCurvature, rel_tol=1e-3)
 
+def test_a_huge_plan_gives_a_finite_action_and_path_that_fit_no_float32():
+  """Computed in float64, a plan near float32's limit gives finite values, which fits_float32 refuses: the acceleration
+  (a speed from -3e38 to 3e38 within 0.5 s), the curvature (a yaw of 3e38 in 0.4 s at 1 m/s) and the path polynomial (a
+  position whose signs follow the least-squares weights of its constant term)."""
+  plan = np.zeros((33, 15), np.float32)
+  plan[:, 3], plan[:, 11] = np.where(np.arange(33) > 0, 3e38, -3e38), 3e38
+  a = action(plan, Action(), 1.)
+  weights = np.linalg.pinv(np.polynomial.polynomial.polyvander(T_IDXS.astype(np.float64), 4))[0]
+  plan[:, 0] = np.sign(weights) * 3e38
+  path = path_coefficients(plan, PLAN['position'])
+  assert all(math.isfinite(x) for x in (a.desiredAcceleration, a.desiredCurvature, *path.ravel()))
+  assert not fits_float32(a.desiredAcceleration) and not fits_float32(a.desiredCurvature) and not fits_float32(path)
+  assert fits_float32(3e38, -3e38, np.zeros(3)) and not fits_float32(np.nan) and not fits_float32(1, [np.inf])
+
 def test_action_times():
   assert action_times(0.25) == pytest.approx((0.25 + 0.075, 0.15 + 0.3 + 0.075))
   assert action_times(float('nan'))[0] == action_times(-3.)[0] == pytest.approx(0.075) and action_times(50.)[0] == pytest.approx(1.075)
@@ -188,7 +205,8 @@ def test_non_finite_outputs_never_reach_a_message():
   assert not result.finite and np.isfinite(result.raw).all()
   parsed = parse_outputs(result.outputs, ROAD_V0_11_1)
   plan = parsed['plan']
-  msgs = fill_model_msgs(parsed, FrameInfo(40, 40, 0, 0., 1, .01, valid=False), action(plan, Action(), 20.), PublishState(), ROAD_V0_11_1)
+  msgs = fill_model_msgs(parsed, FrameInfo(40, 40, 0, 0., 1, .01, valid=False), action(plan, Action(), 20.),
+                         path_coefficients(plan, PLAN['position']), PublishState(), ROAD_V0_11_1)
   for m in msgs:
     r = m.as_reader()
     assert not r.valid and all(math.isfinite(x) for x in _floats(getattr(r, r.which())))
@@ -196,6 +214,35 @@ def test_non_finite_outputs_never_reach_a_message():
   assert len(mv2.laneLines) == 4 and len(mv2.leadsV3) == 3 and len(mv2.position.x) == 33
   assert list(mv2.laneLines[1].x) == pytest.approx(np.float32(np.array([192 * (i / 32) ** 2 for i in range(33)])).tolist())
   assert len(mv2.laneLines[1].t) == 0 and len(mv2.velocity.xStd) == 0 and len(mv2.temporalPose.trans) == 0   # left empty, as in the release
+
+def test_a_plan_too_large_for_float32_is_published_invalid_and_not_fed_back(artifacts):
+  """Finite model outputs whose plan is 3e38 but for -3e38 now: the acceleration to reach its speed is beyond a Float32
+  field's range (written, it would read inf, and the smoothing would keep it inf or NaN in every later frame).
+  modeld's frame code publishes that frame invalid with the previous action and a zero path, every float finite, and
+  does not feed it back: the sane frames after it smooth on from the action before it."""
+  log = logging.getLogger('test')
+  sm = messaging.SubMaster(RoadModel.SUBSCRIBES, addr=None)
+  cs = messaging.new_message('carState')
+  cs.carState.vEgo = 20.
+  sm.update_msgs(time.monotonic(), [messaging.log_from_bytes(cs.to_bytes())])
+  model = RoadModel(RoadRunner(artifacts, LAYOUT), ROAD, sm, stats := Stats(log, math.inf), log)
+  policy = KNOWN['policy'].copy()
+  policy[SLICES['policy']['plan']][:33 * 15].reshape(33, 15)[:] = np.where(np.arange(33) > 0, 3e38, -3e38)[:, None]
+  sane, huge = (_output((KNOWN['vision'], SLICES['vision']), (p, SLICES['policy'])) for p in (KNOWN['policy'], policy))
+  assert huge.finite
+  alpha, accel, curvature = 1 - math.exp(-0.05 / 0.3), 0., None
+  for n, out in enumerate([sane] * 3 + [huge] + [sane] * 3, 1):
+    msgs = dict(model.messages(out.outputs, FrameRun((F(n, 50 * n),) * 2, out, 0., .01, False), True))
+    for s, m in msgs.items():
+      r = getattr(m.as_reader(), s)
+      assert m.valid == (out is sane) and all(math.isfinite(x) for x in _floats(r)), (n, s, m.valid, r)
+    dmd = msgs['drivingModelData'].as_reader().drivingModelData
+    if out is sane: accel = alpha * -1. + (1 - alpha) * accel   # the known plan brakes at 1 m/s^2
+    else: assert [*dmd.path.xCoefficients, *dmd.path.yCoefficients, *dmd.path.zCoefficients] == [0.] * 15
+    assert dmd.action.desiredAcceleration == pytest.approx(accel, rel=1e-5), n
+    if out is huge: assert dmd.action.desiredCurvature == curvature   # held
+    curvature = dmd.action.desiredCurvature
+  assert curvature == pytest.approx(0.01 / 20, rel=1e-2) and stats.totals['overflow'] == 1
 
 # ***** the daemon *****
 
