@@ -9,7 +9,9 @@ corruption, truncation and mismatched builds; they are no defence against someon
 """
 from __future__ import annotations
 import dataclasses, hashlib, importlib.metadata, io, json, os, pathlib, pickle, platform, shlex, shutil
+from dataclasses import MISSING
 from typing import Any
+from collections.abc import Callable
 from tinygrad import Device
 from tinygrad.device import Buffer
 from tinygrad.uop.ops import UOp, Ops, ParamArg
@@ -146,6 +148,44 @@ def _load_verified(d: pathlib.Path, entry: dict, files: dict[str, str], rebuild:
 
 MODELS = {'road': ('vision', 'policy'), 'dm': ('dm',)}
 
+def _is_count(v: Any) -> bool: return type(v) is int and v >= 0
+def _is_pair(v: Any) -> bool: return isinstance(v, list) and len(v) == 2 and all(map(_is_count, v))
+def _is_strs(v: Any) -> bool: return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+def _check_manifest(m: dict, family: str, bad: Callable[[str], ArtifactError]) -> None:
+  """Every field that loading, the runners and the daemons read, present and of its type, before any is used: a damaged
+  manifest fails at load naming the field, what was expected and what is there, never later (after a camera connected)
+  as a KeyError or TypeError."""
+  def malformed(path: tuple[str, ...], want: str, got: Any = MISSING) -> ArtifactError:
+    got = 'nothing' if got is MISSING else repr(got) if len(repr(got)) <= 80 else repr(got)[:77] + '...'
+    return bad(f"{MANIFEST} field {'.'.join(path)}: expected {want}, got {got}")
+  def get(want: str, ok: Callable[[Any], Any], *path: str) -> Any:
+    v = m
+    for i, k in enumerate(path):
+      if not isinstance(v, dict): raise malformed(path[:i], 'an object', v)
+      if k not in v: raise malformed(path[:i + 1], want if i == len(path) - 1 else 'an object')
+      v = v[k]
+    if not ok(v): raise malformed(path, want, v)
+    return v
+  get('a version', lambda v: isinstance(v, str), 'tinygrad')
+  get('a device name', lambda v: isinstance(v, str), 'target', 'device')
+  get('an arch name or null', lambda v: v is None or isinstance(v, str), 'target', 'arch')
+  get('a list of feature names', _is_strs, 'target', 'cpu_features')
+  get('a contract name', lambda v: isinstance(v, str), 'contract')
+  get('a command line (a list of strings)', lambda v: _is_strs(v) and v, 'command')
+  layouts = get('a list of camera layouts', _is_strs, 'layouts')
+  get('{file name: sha256}', lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()), 'files')
+  for name in (*MODELS[family], *map(warp_name, layouts)):
+    for k in ('file', 'weights'): get('a file name', lambda v: isinstance(v, str), 'jits', name, k)
+    get('a list of [offset, size] pairs', lambda v: isinstance(v, list) and all(map(_is_pair, v)), 'jits', name, 'buffers')
+    for i, spec in enumerate(get('a list of input specs', lambda v: isinstance(v, list), 'jits', name, 'inputs')):
+      try: TensorSpec.from_json(spec)
+      except ValueError as e: raise malformed(('jits', name, 'inputs', str(i)), f"an input spec ({e})") from None
+  for model in MODELS[family]:
+    width = get('a shape (a list of sizes)', lambda v: isinstance(v, list) and v and all(map(_is_count, v)), 'jits', model, 'output', 'shape')[-1]
+    for k in get('{output name: [start, stop]}', lambda v: isinstance(v, dict), 'output_slices', model):
+      get(f"[start, stop] within the output's {width} values", lambda v, w=width: _is_pair(v) and v[0] <= v[1] <= w, 'output_slices', model, k)
+
 @dataclasses.dataclass
 class Artifact:
   dir: pathlib.Path
@@ -178,7 +218,8 @@ class Artifact:
 def warp_name(layout: str) -> str: return 'warp_' + layout.replace(':', '_')
 
 def load_artifact(path: str | os.PathLike, family: str, device: str | None = None) -> Artifact:
-  """Open DIR/<family> after checking that this machine can run it (format, tinygrad version, device, CPU features) and
+  """Open DIR/<family> after checking its manifest (every field the runners read, and a road vision hidden_state of
+  the policy's feature width), that this machine can run it (format, tinygrad version, device, CPU features) and
   that every file matches its sha256, then load the model JITs. Each pickle is hashed on the very bytes unpickled."""
   if family not in FAMILIES: raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
   d = pathlib.Path(path) / family
@@ -186,24 +227,29 @@ def load_artifact(path: str | os.PathLike, family: str, device: str | None = Non
   except FileNotFoundError:
     raise ArtifactError(f"{d}: no {MANIFEST}; build the {family} artifact with modeld-compile --out {path} (see modeld-compile --help)") from None
   except (OSError, ValueError) as e: raise ArtifactError(f"{d / MANIFEST}: unreadable ({e}); rebuild it with modeld-compile") from None
-  rebuild = shlex.join(m['command']) if isinstance(m, dict) and isinstance(m.get('command'), list) else 'modeld-compile (see --help)'
+  rebuild = shlex.join(m['command']) if isinstance(m, dict) and _is_strs(m.get('command')) else 'modeld-compile (see --help)'
   def bad(msg): return ArtifactError(f"{d}: {msg}. Rebuild with: {rebuild}")
   if not isinstance(m, dict) or m.get('format') != FORMAT_VERSION:
     raise bad(f"format version {m.get('format') if isinstance(m, dict) else None!r}, this loader reads {FORMAT_VERSION}")
   if m.get('family') != family: raise bad(f"holds family {m.get('family')!r}, expected {family!r}")
-  try:
-    if m['tinygrad'] != (tv := tinygrad_version()): raise bad(f"built with tinygrad {m['tinygrad']}, this is tinygrad {tv}")
-    here = target(device or Device.DEFAULT)
-    if m['target']['device'] != here['device']: raise bad(f"built for device {m['target']['device']}, this process uses {here['device']}")
-    if m['target']['arch'] != here['arch']: raise bad(f"built for {here['device']} arch {m['target']['arch']}, this one is {here['arch']}")
-    if missing := sorted(set(m['target']['cpu_features']) - set(here['cpu_features'])):
-      raise bad(f"compiled for CPU instruction-set features this machine lacks: {' '.join(missing)}")
-    if m['contract'] not in CONTRACTS[family]: raise bad(f"its models follow contract {m['contract']!r}, which this version does not know")
-    model_files = {m['jits'][k][f] for k in MODELS[family] for f in ('file', 'weights')}
-    for fn, digest in m['files'].items():
-      if not (d / fn).is_file(): raise bad(f"{fn} is missing")
-      if fn not in model_files and sha256_file(d / fn) != digest: raise bad(f"{fn} does not match its sha256 in the manifest")
-  except (KeyError, TypeError) as e: raise bad(f"{MANIFEST} is incomplete ({type(e).__name__}: {e})") from None
+  _check_manifest(m, family, bad)
+  if m['tinygrad'] != (tv := tinygrad_version()): raise bad(f"built with tinygrad {m['tinygrad']}, this is tinygrad {tv}")
+  here = target(device or Device.DEFAULT)
+  if m['target']['device'] != here['device']: raise bad(f"built for device {m['target']['device']}, this process uses {here['device']}")
+  if m['target']['arch'] != here['arch']: raise bad(f"built for {here['device']} arch {m['target']['arch']}, this one is {here['arch']}")
+  if missing := sorted(set(m['target']['cpu_features']) - set(here['cpu_features'])):
+    raise bad(f"compiled for CPU instruction-set features this machine lacks: {' '.join(missing)}")
+  if m['contract'] not in CONTRACTS[family]: raise bad(f"its models follow contract {m['contract']!r}, which this version does not know")
+  model_files = {m['jits'][k][f] for k in MODELS[family] for f in ('file', 'weights')}
+  for fn, digest in m['files'].items():
+    if not (d / fn).is_file(): raise bad(f"{fn} is missing")
+    if fn not in model_files and sha256_file(d / fn) != digest: raise bad(f"{fn} does not match its sha256 in the manifest")
+  if family == 'road':   # the road runner feeds hidden_state back to the policy every frame: no other width can run
+    width = lookup(family, m['contract']).policy.inputs['features_buffer'].shape[-1]
+    start, stop = m['output_slices']['vision'].get('hidden_state', [0, 0])
+    if stop - start != width:
+      raise ArtifactError(f"{d}: vision output 'hidden_state': expected {width} values (the policy's features), got {stop - start}. "
+                          f"Rebuild with a vision model in openpilot's output layout: {rebuild}")
   art = Artifact(d, family, m)
   art.models = {k: art.load_jit(k) for k in MODELS[family]}
   return art

@@ -7,10 +7,10 @@ because the next replay writes into the same buffer.
 """
 from __future__ import annotations
 import functools
-from dataclasses import dataclass, asdict
+from dataclasses import MISSING, dataclass, asdict, fields
 import numpy as np
 from tinygrad import Tensor
-from tinygrad.dtype import DType, _to_np_dtype, _from_np_dtype
+from tinygrad.dtype import DTYPES_DICT, DType, _to_np_dtype, _from_np_dtype
 from tinygrad.uop.ops import Ops, buffers
 from msgq.visionipc.wire import ALIGN
 from modelrt.dispatch import HostReplay
@@ -36,7 +36,21 @@ class TensorSpec:
   def tg_dtype(self) -> DType: return _from_np_dtype(np.dtype(self.dtype))
   def to_json(self) -> dict: return asdict(self)
   @classmethod
-  def from_json(cls, d: dict) -> TensorSpec: return cls(**{**d, 'shape': tuple(d['shape'])})
+  def from_json(cls, d: dict) -> TensorSpec:
+    """The spec to_json wrote; ValueError saying what is malformed (a damaged manifest), never a later failure."""
+    keys = {f.name: f.default is MISSING for f in fields(cls)}
+    if not isinstance(d, dict) or not {k for k, required in keys.items() if required} <= d.keys() <= keys.keys():
+      raise ValueError(f"expected an object with {', '.join(keys)} (layout optional), got {d!r}")
+    def count(v) -> bool: return type(v) is int and v >= 0
+    for k, ok, what in (('name', isinstance(d['name'], str), 'a string'), ('device', isinstance(d['device'], str), 'a string'),
+                        ('dtype', isinstance(d['dtype'], str) and d['dtype'] in _DTYPE_NAMES, 'a numpy dtype name tinygrad has'),
+                        ('nbytes', count(d['nbytes']), 'a byte count'),
+                        ('shape', isinstance(d['shape'], list) and all(map(count, d['shape'])), 'a list of sizes'),
+                        ('layout', d.get('layout') is None or isinstance(d['layout'], str), 'a camera layout or null')):
+      if not ok: raise ValueError(f"{k}: expected {what}, got {d[k]!r}")
+    return cls(**{**d, 'shape': tuple(d['shape'])})
+
+_DTYPE_NAMES = {np.dtype(t).name for t in np.sctypeDict.values()} & DTYPES_DICT.keys()   # what tg_dtype can convert
 
 def _buffer_of(t: Tensor):
   """The Buffer a tensor is exactly (a realized buffer, reshaped at most), else None (a view, or not realized)."""

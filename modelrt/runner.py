@@ -12,7 +12,7 @@ import numpy as np
 from tinygrad import Tensor, dtypes
 from tinygrad.device import Buffer
 from msgq.visionipc.layout import NV12Layout
-from modelrt.artifact import Artifact, ArtifactError, load_artifact
+from modelrt.artifact import Artifact, load_artifact
 from modelrt.constants import DESIRE_LEN, TRAFFIC_CONVENTION_LEN, FRAME_SKIP, IMG_CHANNELS, IMG_QUEUE_LEN, MODEL_HEIGHT, MODEL_WIDTH
 from modelrt.guard import ALIGN, CameraLayoutError, GuardedJit, _buffer_of
 
@@ -105,10 +105,7 @@ class RoadRunner:
     policy = art.contract.policy.inputs
     self.features_buffer, self.desire_pulse, self.traffic_convention = (_host(*policy[k].shape) for k in
                                                                         ('features_buffer', 'desire_pulse', 'traffic_convention'))
-    self.history, feature_len = policy['features_buffer'].shape[1:]
-    if (h := self.vision_slices.get('hidden_state', slice(0, 0))).stop - h.start != feature_len:   # fed back to the policy here, every frame
-      raise ArtifactError(f"{art.dir}: vision output 'hidden_state': expected {feature_len} values (the policy's features), got "
-                          f"{h.stop - h.start}. Rebuild with a vision model in openpilot's output layout: {art.rebuild_command()}")
+    self.history, feature_len = policy['features_buffer'].shape[1:]   # load_artifact checked hidden_state's width against it
     self.full_features = np.zeros(((self.history - 1) * FRAME_SKIP + 1, feature_len), np.float32)
     self.full_desire = np.zeros((self.history * FRAME_SKIP, DESIRE_LEN), np.float32)
     self.prev_desire = np.zeros(DESIRE_LEN, np.float32)

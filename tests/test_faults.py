@@ -1,7 +1,7 @@
 """The fault battery's fast part, with the real daemons, real sockets and real processes (the long runs: scripts/soak.sh):
 a broken artifact fails at once, unparseable model outputs never crash a daemon, malformed messages on every input cost
 no output, and the recorder on a full disk stops with a clear error and leaves readable segments."""
-import os, re, shutil, subprocess, sys, time
+import json, os, pathlib, re, shutil, subprocess, sys, time
 import numpy as np
 import pytest
 from cereal import messaging
@@ -18,21 +18,55 @@ from oproute.logreader import LogReader, segment_dirs
 
 DAEMONS = {'modeld': (RoadModel, 'road', {ROAD: LAYOUT, WIDE_ROAD: LAYOUT}), 'dmonitoringd': (DriverModel, 'dm', {DRIVER: LAYOUT})}
 
-@pytest.mark.parametrize('daemon', DAEMONS)
-def test_an_altered_artifact_exits_78_before_waiting_for_a_camera(daemon, tiny_artifacts, tmp_path):
-  """No camera server at all: the daemon can only have checked the artifact first. The message is the loader's."""
-  bad = tmp_path / 'artifacts'
-  shutil.copytree(tiny_artifacts / (family := DAEMONS[daemon][1]), bad / family)
-  weights = bad / family / ('vision.bin' if family == 'road' else 'dm.bin')
-  with open(weights, 'r+b') as f:
+def _altered_weights(d: pathlib.Path, model: str) -> str:
+  with open(weights := d / f'{model}.bin', 'r+b') as f:
     f.seek(os.path.getsize(weights) // 2)
     f.write(b'\xff' * 8)
+  return f"{weights.name} does not match its sha256 in the manifest"
+
+def _manifest_edit(edit):
+  """A damage to the manifest (which the file hashes do not cover): edit(manifest, model) changes it and returns what
+  the loader says of the field."""
+  def damage(d: pathlib.Path, model: str) -> str:
+    m = json.loads((p := d / 'manifest.json').read_text())
+    msg = edit(m, model)
+    p.write_text(json.dumps(m))
+    return f"manifest.json field {msg}"
+  return damage
+
+@_manifest_edit
+def _missing_key(m: dict, model: str) -> str:
+  del m['jits'][model]['buffers']
+  return f"jits.{model}.buffers: expected a list of [offset, size] pairs, got nothing"
+
+@_manifest_edit
+def _wrong_type(m: dict, model: str) -> str:
+  m['target']['cpu_features'] = 'avx2'
+  return "target.cpu_features: expected a list of feature names, got 'avx2'"
+
+@_manifest_edit
+def _bad_output_slice(m: dict, model: str) -> str:
+  slices = m['output_slices'][model]
+  slices[k := next(iter(slices))] = [3]
+  return f"output_slices.{model}.{k}: expected [start, stop] within the output's {m['jits'][model]['output']['shape'][-1]} values, got [3]"
+
+DAMAGES = {'altered weights': _altered_weights, 'missing key': _missing_key, 'wrong type': _wrong_type, 'bad output slice': _bad_output_slice}
+
+@pytest.mark.parametrize('damage', DAMAGES)
+@pytest.mark.parametrize('daemon', DAEMONS)
+def test_a_damaged_artifact_exits_78_before_waiting_for_a_camera(daemon, damage, tiny_artifacts, tmp_path):
+  """Altered weights, or a manifest with a key missing, a field of the wrong type or an output slice that is no
+  [start, stop]. No camera server at all: the daemon can only have checked the artifact first. The message is the
+  loader's, naming the file or the manifest field; never a traceback."""
+  bad = tmp_path / 'artifacts'
+  shutil.copytree(tiny_artifacts / (family := DAEMONS[daemon][1]), bad / family)
+  msg = DAMAGES[damage](bad / family, 'vision' if family == 'road' else 'dm')
   d = Daemon(daemon, bad)
   try: rc = d.proc.wait(60)
   finally: d.stop()
   err = d.stderr()
   assert rc == EX_CONFIG, err
-  assert f"ArtifactError: {bad / family}: {weights.name} does not match its sha256 in the manifest. Rebuild with: " in err
+  assert f"ArtifactError: {bad / family}: {msg}. Rebuild with: " in err, err
   assert 'waiting for camera server' not in err and 'Traceback' not in err
 
 @pytest.mark.parametrize('daemon,output,width', [('modeld', 'lead', 216), ('dmonitoringd', 'face_descs_lhd', 10)])
@@ -67,12 +101,11 @@ def test_outputs_that_cannot_be_parsed_skip_frames_then_exit_78(daemon, output, 
 
 def test_a_hidden_state_of_another_width_is_refused_with_the_artifact():
   """The road runner feeds hidden_state back to the policy itself, every frame: a model whose hidden_state is not the
-  policy's feature width cannot run at all, so the runner refuses it (exit 78 in the daemon), before any frame."""
-  from modelrt.artifact import ArtifactError
-  from modelrt.runner import RoadRunner
+  policy's feature width cannot run at all, so the loader refuses it (exit 78 in the daemon), before any camera."""
+  from modelrt.artifact import ArtifactError, load_artifact
   art = build(CACHE.parent / 'tiny-hidden_state-500', family='road', models='tiny', widths=(('hidden_state', 500),))
   with pytest.raises(ArtifactError, match=r"vision output 'hidden_state': expected 512 values \(the policy's features\), got 500. Rebuild"):
-    RoadRunner(art, LAYOUT)
+    load_artifact(art, 'road')
 
 @pytest.mark.parametrize('daemon', DAEMONS)
 def test_malformed_messages_at_100hz_on_every_input_cost_no_output(daemon, tiny_artifacts):

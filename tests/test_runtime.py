@@ -15,6 +15,7 @@ from modelrt.runner import RoadRunner, DMRunner, HostBuf
 from modelrt.warp import road_warp_np, dm_warp_np
 
 MAIN, EXTRA = NV12Layout.aligned(64, 48), NV12Layout.packed(64, 48)
+WARP = 'warp_' + str(EXTRA).replace(':', '_')
 
 def CamBuf(layout: NV12Layout, stream=0, idx=0, seed=0, misalign=0) -> HostBuf:
   """A camera buffer of random pixels."""
@@ -85,7 +86,17 @@ def _edit_manifest(d, fn):
   (lambda m: m['target'].update(arch='x86_64,znver9'), "arch x86_64,znver9"),
   (lambda m: m['target']['cpu_features'].append('avx512_imaginary'), "instruction-set features this machine lacks: avx512_imaginary"),
   (lambda m: m.update(family='dm'), "holds family 'dm', expected 'road'"),
-  (lambda m: m.pop('target'), "manifest.json is incomplete (KeyError: 'target')"),
+  (lambda m: m.pop('target'), "manifest.json field target: expected an object, got nothing"),
+  (lambda m: m['jits']['vision'].pop('buffers'), "manifest.json field jits.vision.buffers: expected a list of [offset, size] pairs, got nothing"),
+  (lambda m: m['jits'].pop(WARP), f"manifest.json field jits.{WARP}: expected an object, got nothing"),   # a layout it says it serves
+  (lambda m: m.update(layouts=str(MAIN)), f"manifest.json field layouts: expected a list of camera layouts, got '{MAIN}'"),
+  (lambda m: m['jits'][WARP]['inputs'][1].update(dtype='uint7'),
+   f"manifest.json field jits.{WARP}.inputs.1: expected an input spec (dtype: expected a numpy dtype name tinygrad has, got 'uint7')"),
+  (lambda m: m['output_slices']['vision'].update(lead=[917]),
+   "field output_slices.vision.lead: expected [start, stop] within the output's 1576 values, got [917]"),
+  (lambda m: m['output_slices']['policy'].update(plan=[0, 1001]),
+   "field output_slices.policy.plan: expected [start, stop] within the output's 1000 values, got [0, 1001]"),
+  (lambda m: m['output_slices'].pop('policy'), "manifest.json field output_slices.policy: expected {output name: [start, stop]}, got nothing"),
   (lambda m: m.update(contract='openpilot-9.9'), "its models follow contract 'openpilot-9.9', which this version does not know"),
 ])
 def test_loader_refuses_other_builds_with_the_rebuild_command(copy, edit, msg):
