@@ -4,8 +4,8 @@ import numpy as np
 from cereal.messaging import new_message
 
 def fill_driver_state(dm: dict, frame_id: int, execution_time: float, gpu_time: float, valid: bool, raw: np.ndarray | None = None):
-  """dm: dmonitoringd.parse.parse_dm_outputs(...). gpu_time: the replay time of the warp + model JITs (on the CPU backend
-  the same wall time the device spends; there is no separate device clock)."""
+  """dm: dmonitoringd.parse.parse_dm_outputs(...). gpu_time: the input preparation and the replays of the warp + model
+  JITs, a wall time (on the CPU backend there is no separate device clock)."""
   msg = new_message('driverStateV2')
   msg.valid = valid
   ds = msg.driverStateV2

@@ -1,7 +1,8 @@
 """Driver monitoring policy: parsed driver-model outputs (+ carState) -> driverMonitoringState, openpilot's logic simplified.
 
-- Side: the driver sits on the side of `isRHD`; it is decided from wheelOnRightProb, filtered over time, with
-  hysteresis (switch to RHD above 0.6, back below 0.4) once WHEELPOS_MIN_COUNT frames with a face were seen.
+- Side: the driver sits on the side of `isRHD`, openpilot's rule: wheelOnRightProb is averaged (a running mean of every
+  sample) over the frames with a face on either side while driving faster than WHEELPOS_CALIB_MIN_SPEED; once
+  WHEELPOS_MIN_COUNT such frames (15 s) were seen, isRHD is that mean above WHEELPOS_THRESHOLD, before that LHD.
 - Face detected: faceProb of the driver's side above FACE_THRESHOLD. Confident (isLowStd): the pose std is small.
 - Distracted (distractedType bits): 1 pose (pitch or yaw beyond a threshold around the learned natural offset),
   2 eyes (both eyes closed: blink probability, weighted by eye visibility, without sunglasses), 4 phone.
@@ -34,8 +35,8 @@ class Settings:
   RECOVERY_FACTOR_MAX: float = 5.
   RECOVERY_FACTOR_MIN: float = 1.25
   WHEELPOS_MIN_COUNT: int = int(15 / DT_DMON)
-  WHEELPOS_TAU: float = 10.                 # s
-  WHEELPOS_HYSTERESIS: tuple[float, float] = (0.4, 0.6)
+  WHEELPOS_CALIB_MIN_SPEED: float = 11.     # m/s
+  WHEELPOS_THRESHOLD: float = 0.5
 
 class DistractedType:
   POSE, EYES, PHONE = 1, 2, 4
@@ -47,11 +48,17 @@ class _Ema:
     self.x = v if self.n == 0 else (1 - self.alpha) * self.x + self.alpha * v
     self.n += 1
 
+class _RunningMean:
+  def __init__(self): self.x, self.n = 0., 0
+  def update(self, v: float) -> None:
+    self.n += 1
+    self.x += (v - self.x) / self.n
+
 class DriverMonitoring:
   def __init__(self, settings: Settings = Settings()):
     self.s = s = settings
     self.awareness, self.is_rhd, self.rhd_checked = 1., False, False
-    self.wheelpos = _Ema(s.WHEELPOS_TAU)
+    self.wheelpos = _RunningMean()
     self.pitch_offset, self.yaw_offset = _Ema(s.POSE_OFFSET_TAU), _Ema(s.POSE_OFFSET_TAU)
     self.hi_std_count = self.uncertain_count = 0
 
@@ -59,12 +66,10 @@ class DriverMonitoring:
     """dm: dmonitoringd.parse.parse_dm_outputs(...). Returns the driverMonitoringState fields; `rhd_checked` says
     whether enough frames were seen to decide isRHD."""
     s = self.s
-    if max(dm['lhd']['face_prob'], dm['rhd']['face_prob']) > s.FACE_THRESHOLD:
+    if v_ego > s.WHEELPOS_CALIB_MIN_SPEED and max(dm['lhd']['face_prob'], dm['rhd']['face_prob']) > s.FACE_THRESHOLD:
       self.wheelpos.update(dm['wheel_on_right_prob'])
     self.rhd_checked = self.wheelpos.n >= s.WHEELPOS_MIN_COUNT
-    if self.rhd_checked:
-      lo, hi = s.WHEELPOS_HYSTERESIS
-      self.is_rhd = self.wheelpos.x > hi if not self.is_rhd else self.wheelpos.x >= lo
+    if self.rhd_checked: self.is_rhd = self.wheelpos.x > s.WHEELPOS_THRESHOLD
     d = dm['rhd' if self.is_rhd else 'lhd']
     face = d['face_prob'] > s.FACE_THRESHOLD
 

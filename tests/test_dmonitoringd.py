@@ -53,21 +53,25 @@ def test_distraction_types_and_awareness():
   assert not s['faceDetected'] and s['awarenessStatus'] == pytest.approx(1 - DT_DMON / Settings().AWARENESS_TIME)
   assert DriverMonitoring().update(_dm(_side(phone=0.9)), 0., standstill=True)['awarenessStatus'] == 1
 
-def test_rhd_decided_with_hysteresis():
-  st = Settings(WHEELPOS_MIN_COUNT=20, WHEELPOS_TAU=0.5)
-  dm = DriverMonitoring(st)
+def test_rhd_from_the_running_mean_while_driving_with_a_face():
+  """openpilot's rule: wheelOnRightProb counts only above WHEELPOS_CALIB_MIN_SPEED (11 m/s) with a face on either side;
+  after WHEELPOS_MIN_COUNT such frames isRHD is their plain mean above 0.5, no hysteresis, LHD until then."""
+  dm = DriverMonitoring(Settings(WHEELPOS_MIN_COUNT=20))
   right = _dm(_side(face=0.05), _side(), wheel_on_right=0.95)
+  for _ in range(40): s = dm.update(right, 11.)                                           # not faster than 11 m/s
+  for _ in range(40): s = dm.update(_dm(_side(face=0.1), _side(face=0.1), 0.95), 20.)   # no face
+  assert dm.wheelpos.n == 0 and not dm.rhd_checked and not s['isRHD']
   for _ in range(19): s = dm.update(right, 20.)
-  assert not dm.rhd_checked and not s['isRHD']   # not enough frames yet: LHD
+  assert not dm.rhd_checked and not s['isRHD'] and not s['faceDetected']   # not enough frames yet: LHD, whose driver is not seen
   s = dm.update(right, 20.)
   assert dm.rhd_checked and s['isRHD'] and s['faceDetected']   # now the right side's driver data is used
-  for p in (0.55, 0.45, 0.42):   # inside the hysteresis band: stays RHD
-    for _ in range(40): s = dm.update(_dm(_side(), _side(), p), 20.)
-    assert s['isRHD']
-  for _ in range(40): s = dm.update(_dm(_side(), _side(), 0.2), 20.)
-  assert not s['isRHD']
-  for _ in range(40): s = dm.update(_dm(_side(), _side(), 0.58), 20.)
-  assert not s['isRHD']
+  left = _dm(_side(), _side(), 0.2)
+  for _ in range(40): s = dm.update(left, 5.)   # too slow: not counted
+  assert s['isRHD']
+  for _ in range(29): s = dm.update(left, 20.)   # the mean of 20 x 0.95 and 29 x 0.2: 0.506
+  assert s['isRHD']
+  for _ in range(2): s = dm.update(left, 20.)    # and 31 x 0.2: 0.494
+  assert not s['isRHD'] and dm.wheelpos.x == pytest.approx((20 * 0.95 + 31 * 0.2) / 51)
 
 def test_pose_offsets_learned_while_driving():
   st = Settings(POSE_OFFSET_MIN_COUNT=50, POSE_OFFSET_TAU=0.5)
