@@ -12,10 +12,13 @@ round after round until the time is spent:
   camerad kill   camerad SIGKILLed at a random moment after the daemons are back, again and again
   stopped reader a subscriber of every daemon output SIGSTOPped for --stop-seconds
   full disk      modeld-record on a small tmpfs until it is full
-  artifact       an altered artifact (once, before the rounds): time until exit 78
+  artifact       altered weights and damaged manifests of both daemons (once, before the rounds): time until exit 78
 
-Then one table: fault, how many injected, outputs lost, and the processes' fds and RSS before and after (first and
-last round). Exit status 1 if any check failed.
+Then one table: fault, how many injected, outputs lost, the processes' fds and RSS before and after (first and last
+round), and a verdict per fault: pass, or FAIL with every check that failed. Besides each fault's own checks (the
+daemons stay up, reconnect, the stopped reader gets all, the recorder stops cleanly, ...), every process measured has
+its fds back to their number before the fault (no fd leaked) and its RSS grown by at most --max-rss-growth-mib, and a
+damaged artifact exits 78 within --artifact-exit-seconds. Exit status 1 if any verdict is FAIL.
 """
 import argparse, json, multiprocessing, os, pathlib, random, shutil, signal, subprocess, sys, tempfile, time, uuid
 from dataclasses import dataclass, field
@@ -26,7 +29,7 @@ sys.path[:0] = [str(REPO)]
 import numpy as np
 from tests.artifacts import build
 from tests.daemon_harness import Camera, Daemon, Notify
-from tests.faults import HANDSHAKE_FAULTS, MessageFaults, can_mount_tmpfs, full_disk, handshake_fault, usage
+from tests.faults import ARTIFACT_DAMAGES, HANDSHAKE_FAULTS, MessageFaults, can_mount_tmpfs, damaged_artifact, full_disk, handshake_fault, usage
 from cereal import messaging
 from cereal.services import CAMERA_STATE_SERVICES
 from msgq.visionipc import DRIVER, ROAD, WIDE_ROAD, NV12Layout, VisionIpcClient
@@ -113,9 +116,12 @@ class Row:
   injected: dict[str, int] = field(default_factory=dict)
   lost: list[int] = field(default_factory=lambda: [0, 0])          # outputs lost, of how many
   usage: dict[str, list] = field(default_factory=dict)              # process -> [before, after]
-  notes: dict[str, str] = field(default_factory=dict)               # what the numbers mean, or a failure: one per key
+  notes: dict[str, str] = field(default_factory=dict)               # what the numbers mean, one per key
   samples: list[float] = field(default_factory=list)                # per-fault measurements, over the rounds
-  ok: bool = True
+  failures: list[str] = field(default_factory=list)                 # every check that failed
+
+  @property
+  def ok(self) -> bool: return not self.failures
 
   def measure(self, procs: dict[str, int], when: int) -> None:
     for name, pid in procs.items():
@@ -128,9 +134,15 @@ class Row:
 
   def check(self, ok: bool, note: str) -> None:
     if not ok:
-      self.ok = False
-      self.notes[f"fail{len(self.notes)}"] = note
+      self.failures.append(note)
       print(f"soak: FAIL {self.fault}: {note}", flush=True)
+
+  def judge_usage(self, max_rss_growth: float) -> None:
+    """After the last round: every process back to its fds before the fault, its RSS grown by at most max_rss_growth."""
+    for name, (b, a) in self.usage.items():
+      if b is None or a is None: continue   # a check that failed ended the fault before its second measurement
+      self.check(a[0] <= b[0], f"{name}: {a[0] - b[0]} fds more than before ({b[0]} -> {a[0]})")
+      self.check(a[1] - b[1] <= max_rss_growth * MiB, f"{name}: RSS grew {(a[1] - b[1]) / MiB:.1f} MiB, more than {max_rss_growth:g}")
 
 class Soak:
   def __init__(self, args, tmp: pathlib.Path):
@@ -316,22 +328,23 @@ class Soak:
     self.alive(row)
 
   def artifact(self) -> None:
-    row = self.row('altered artifact (weights), no camera')
-    for name, family, weights in (('modeld', 'road', 'vision.bin'), ('dmonitoringd', 'dm', 'dm.bin')):
-      bad = self.tmp / 'bad' / name
-      shutil.copytree(self.artifacts / family, bad / family)
-      with open(bad / family / weights, 'r+b') as f:
-        f.seek(1000)
-        f.write(b'\xff' * 8)
-      t = time.monotonic()
-      d = Daemon(name, bad, env={'OPENPILOT_PREFIX': f'soak-bad-{uuid.uuid4().hex[:8]}'})
-      try: rc = d.proc.wait(60)
-      except subprocess.TimeoutExpired: rc = None
-      dt = time.monotonic() - t
-      stop(d)
-      row.add({name: 1})
-      row.notes[name] = f"{name}: exit {rc} after {dt:.2f} s"
-      row.check(rc == 78 and 'does not match its sha256' in d.stderr() and 'waiting for camera' not in d.stderr(), f"{name}: exit {rc}")
+    row = self.row(f'damaged artifact ({", ".join(ARTIFACT_DAMAGES)}), no camera')
+    limit, times = self.args.artifact_exit_seconds, []
+    for name, family in (('modeld', 'road'), ('dmonitoringd', 'dm')):
+      for kind in ARTIFACT_DAMAGES:
+        bad = self.tmp / 'bad' / f"{name}-{kind.replace(' ', '-')}"
+        msg = damaged_artifact(self.artifacts, bad, family, kind)
+        t = time.monotonic()
+        d = Daemon(name, bad, env={'OPENPILOT_PREFIX': f'soak-bad-{uuid.uuid4().hex[:8]}'})
+        try: rc = d.proc.wait(60)
+        except subprocess.TimeoutExpired: rc = None
+        times.append(dt := time.monotonic() - t)
+        stop(d)
+        err = d.stderr()
+        row.add({name: 1})
+        row.check(rc == 78 and msg in err and 'waiting for camera' not in err and 'Traceback' not in err, f"{name}, {kind}: exit {rc}, not 78 saying '{msg}'")
+        row.check(dt <= limit, f"{name}, {kind}: exit after {dt:.2f} s, more than {limit:g} s")
+    row.notes['exit'] = f"exits after {min(times):.2f} to {max(times):.2f} s"
 
   def close(self) -> None:
     for n, d in self.daemons.items():
@@ -354,16 +367,17 @@ def reader(conn) -> None:
 
 def table(rows: list[Row]) -> str:
   mib = lambda b: f"{b / MiB:.0f}"
-  out = ["| fault | injected | outputs lost | process | fds before -> after | RSS MiB before -> after |", "|---|---|---|---|---|---|"]
+  out = ["| fault | injected | outputs lost | process | fds before -> after | RSS MiB before -> after | verdict |", "|---|---|---|---|---|---|---|"]
   for r in rows:
     inj = ', '.join(f"{k} {v}" for k, v in r.injected.items()) or '-'
     lost = ' '.join([f"{r.lost[0]} of {r.lost[1]}" if r.lost[1] else '-', *(f"({'; '.join(r.notes.values())})",) * bool(r.notes)])
-    lost += '' if r.ok else ' **FAIL**'
+    verdict = 'pass' if r.ok else f"**FAIL**: {'; '.join(r.failures)}"
     procs = list(r.usage.items()) or [('-', [None, None])]
     for i, (name, (b, a)) in enumerate(procs):
       fds = f"{b[0]} -> {a[0]}" if b and a else '-'
       rss = f"{mib(b[1])} -> {mib(a[1])}" if b and a else '-'
-      out.append(f"| {r.fault if i == 0 else ''} | {inj if i == 0 else ''} | {lost if i == 0 else ''} | {name} | {fds} | {rss} |")
+      first = i == 0
+      out.append(f"| {r.fault if first else ''} | {inj if first else ''} | {lost if first else ''} | {name} | {fds} | {rss} | {verdict if first else ''} |")
   return '\n'.join(out)
 
 def main() -> int:
@@ -376,6 +390,10 @@ def main() -> int:
   ap.add_argument('--stop-seconds', type=float, default=10., metavar='S', help="how long the subscriber stays stopped (default 10)")
   ap.add_argument('--disk-kib', type=int, default=2048, metavar='KiB', help="size of the recorder's tmpfs (default 2048)")
   ap.add_argument('--seed', type=int, default=0, help="random seed for the fault moments and bytes (default 0)")
+  ap.add_argument('--max-rss-growth-mib', type=float, default=16., metavar='MiB',
+                  help="most a process's RSS may grow over a fault's rounds before the verdict fails (default 16)")
+  ap.add_argument('--artifact-exit-seconds', type=float, default=2., metavar='S',
+                  help="most a daemon may take to exit 78 on a damaged artifact, from its start (default 2)")
   args = ap.parse_args()
   os.environ['OPENPILOT_PREFIX'] = f"soak{uuid.uuid4().hex[:8]}"
   os.environ.setdefault('DEV', 'CPU')
@@ -394,10 +412,13 @@ def main() -> int:
         rounds, last = rounds + 1, time.monotonic() - t
     finally:
       soak.close()
+  for r in soak.rows.values(): r.judge_usage(args.max_rss_growth_mib)
   print(f"\nsoak: {rounds} rounds in {(time.monotonic() - t_end) / 60 + args.minutes:.1f} min; counts summed over the rounds, "
         "fds and RSS before the first round's fault and after the last one's\n")
   print(table(list(soak.rows.values())))
-  return 0 if all(r.ok for r in soak.rows.values()) else 1
+  failed = [r.fault for r in soak.rows.values() if not r.ok]
+  print(f"\nsoak: {'FAIL: ' + '; '.join(failed) if failed else f'every fault passed ({len(soak.rows)})'}")
+  return 1 if failed else 0
 
 if __name__ == '__main__':
   sys.exit(main())

@@ -1,7 +1,7 @@
 """Faults to inject and what to measure around them, shared by tests/test_faults.py and scripts/soak.sh: malformed
-messages on the daemons' inputs, junk on a VisionIPC server's handshake socket, a full disk under a process; the
-file descriptors and RSS of a process."""
-import os, shlex, shutil, socket, subprocess, threading, time
+messages on the daemons' inputs, damaged artifacts, junk on a VisionIPC server's handshake socket, a full disk under
+a process; the file descriptors and RSS of a process."""
+import json, os, pathlib, shlex, shutil, socket, subprocess, threading, time
 import numpy as np
 from cereal import messaging
 from msgq import runtime_dir
@@ -35,6 +35,47 @@ class MessageFaults(threading.Thread):
     self._done.set()
     self.join()
     return self.counts
+
+def _altered_weights(d: pathlib.Path, model: str) -> str:
+  """8 bytes in the middle of the model's weights overwritten."""
+  with open(weights := d / f'{model}.bin', 'r+b') as f:
+    f.seek(os.path.getsize(weights) // 2)
+    f.write(b'\xff' * 8)
+  return f"{weights.name} does not match its sha256 in the manifest"
+
+def _manifest_edit(edit):
+  """A damage to the manifest (which the file hashes do not cover): edit(manifest, model) changes it and returns what
+  the loader says of the field."""
+  def damage(d: pathlib.Path, model: str) -> str:
+    m = json.loads((p := d / 'manifest.json').read_text())
+    msg = edit(m, model)
+    p.write_text(json.dumps(m))
+    return f"manifest.json field {msg}"
+  return damage
+
+@_manifest_edit
+def _missing_key(m: dict, model: str) -> str:
+  del m['jits'][model]['buffers']
+  return f"jits.{model}.buffers: expected a list of [offset, size] pairs, got nothing"
+
+@_manifest_edit
+def _wrong_type(m: dict, model: str) -> str:
+  m['target']['cpu_features'] = 'avx2'
+  return "target.cpu_features: expected a list of feature names, got 'avx2'"
+
+@_manifest_edit
+def _bad_output_slice(m: dict, model: str) -> str:
+  slices = m['output_slices'][model]
+  slices[k := next(iter(slices))] = [3]
+  return f"output_slices.{model}.{k}: expected [start, stop] within the output's {m['jits'][model]['output']['shape'][-1]} values, got [3]"
+
+ARTIFACT_DAMAGES = {'altered weights': _altered_weights, 'missing key': _missing_key, 'wrong type': _wrong_type, 'bad output slice': _bad_output_slice}
+
+def damaged_artifact(artifacts: pathlib.Path, out: pathlib.Path, family: str, kind: str) -> str:
+  """A copy of artifacts/FAMILY as out/FAMILY with the damage `kind` of ARTIFACT_DAMAGES; returns what the loader
+  says of it (after 'DIR: ')."""
+  shutil.copytree(artifacts / family, out / family)
+  return ARTIFACT_DAMAGES[kind](out / family, 'vision' if family == 'road' else 'dm')
 
 HANDSHAKE_FAULTS = ('garbage', 'truncated', 'silent', 'deaf')
 

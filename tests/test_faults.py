@@ -1,7 +1,7 @@
 """The fault battery's fast part, with the real daemons, real sockets and real processes (the long runs: scripts/soak.sh):
 a broken artifact fails at once, unparseable model outputs never crash a daemon, malformed messages on every input cost
 no output, and the recorder on a full disk stops with a clear error and leaves readable segments."""
-import json, os, pathlib, re, shutil, subprocess, sys, time
+import re, subprocess, sys, time
 import numpy as np
 import pytest
 from cereal import messaging
@@ -9,7 +9,7 @@ from cereal.services import CAMERA_STATE_SERVICES
 from msgq.visionipc import ROAD, WIDE_ROAD, DRIVER
 from tests.artifacts import CACHE, LAYOUT, REPO, build
 from tests.daemon_harness import Camera, Collector, Daemon, start_daemon
-from tests.faults import MESSAGE_FAULTS, MessageFaults, can_mount_tmpfs, full_disk
+from tests.faults import ARTIFACT_DAMAGES, MESSAGE_FAULTS, MessageFaults, can_mount_tmpfs, damaged_artifact, full_disk
 from modeld_common.daemon import EX_CONFIG, MAX_BAD_OUTPUTS
 from modelrt.contracts import lookup
 from modeld.model import RoadModel
@@ -18,49 +18,14 @@ from oproute.logreader import LogReader, segment_dirs
 
 DAEMONS = {'modeld': (RoadModel, 'road', {ROAD: LAYOUT, WIDE_ROAD: LAYOUT}), 'dmonitoringd': (DriverModel, 'dm', {DRIVER: LAYOUT})}
 
-def _altered_weights(d: pathlib.Path, model: str) -> str:
-  with open(weights := d / f'{model}.bin', 'r+b') as f:
-    f.seek(os.path.getsize(weights) // 2)
-    f.write(b'\xff' * 8)
-  return f"{weights.name} does not match its sha256 in the manifest"
-
-def _manifest_edit(edit):
-  """A damage to the manifest (which the file hashes do not cover): edit(manifest, model) changes it and returns what
-  the loader says of the field."""
-  def damage(d: pathlib.Path, model: str) -> str:
-    m = json.loads((p := d / 'manifest.json').read_text())
-    msg = edit(m, model)
-    p.write_text(json.dumps(m))
-    return f"manifest.json field {msg}"
-  return damage
-
-@_manifest_edit
-def _missing_key(m: dict, model: str) -> str:
-  del m['jits'][model]['buffers']
-  return f"jits.{model}.buffers: expected a list of [offset, size] pairs, got nothing"
-
-@_manifest_edit
-def _wrong_type(m: dict, model: str) -> str:
-  m['target']['cpu_features'] = 'avx2'
-  return "target.cpu_features: expected a list of feature names, got 'avx2'"
-
-@_manifest_edit
-def _bad_output_slice(m: dict, model: str) -> str:
-  slices = m['output_slices'][model]
-  slices[k := next(iter(slices))] = [3]
-  return f"output_slices.{model}.{k}: expected [start, stop] within the output's {m['jits'][model]['output']['shape'][-1]} values, got [3]"
-
-DAMAGES = {'altered weights': _altered_weights, 'missing key': _missing_key, 'wrong type': _wrong_type, 'bad output slice': _bad_output_slice}
-
-@pytest.mark.parametrize('damage', DAMAGES)
+@pytest.mark.parametrize('damage', ARTIFACT_DAMAGES)
 @pytest.mark.parametrize('daemon', DAEMONS)
 def test_a_damaged_artifact_exits_78_before_waiting_for_a_camera(daemon, damage, tiny_artifacts, tmp_path):
   """Altered weights, or a manifest with a key missing, a field of the wrong type or an output slice that is no
   [start, stop]. No camera server at all: the daemon can only have checked the artifact first. The message is the
   loader's, naming the file or the manifest field; never a traceback."""
   bad = tmp_path / 'artifacts'
-  shutil.copytree(tiny_artifacts / (family := DAEMONS[daemon][1]), bad / family)
-  msg = DAMAGES[damage](bad / family, 'vision' if family == 'road' else 'dm')
+  msg = damaged_artifact(tiny_artifacts, bad, family := DAEMONS[daemon][1], damage)
   d = Daemon(daemon, bad)
   try: rc = d.proc.wait(60)
   finally: d.stop()
