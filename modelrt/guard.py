@@ -45,7 +45,7 @@ class TensorSpec:
     for k, ok, what in (('name', isinstance(d['name'], str), 'a string'), ('device', isinstance(d['device'], str), 'a string'),
                         ('dtype', isinstance(d['dtype'], str) and d['dtype'] in _DTYPE_NAMES, 'a numpy dtype name tinygrad has'),
                         ('nbytes', count(d['nbytes']), 'a byte count'),
-                        ('shape', isinstance(d['shape'], list) and all(map(count, d['shape'])), 'a list of sizes'),
+                        ('shape', isinstance(d['shape'], (list, tuple)) and all(map(count, d['shape'])), 'a list of sizes'),
                         ('layout', d.get('layout') is None or isinstance(d['layout'], str), 'a camera layout or null')):
       if not ok: raise ValueError(f"{k}: expected {what}, got {d[k]!r}")
     return cls(**{**d, 'shape': tuple(d['shape'])})
