@@ -6,8 +6,8 @@ Inputs: the driver camera's warp to the model's 1440x960 Y input (from the camer
 artifact's contract into driverStateV2, then the policy's driverMonitoringState (face, distraction, awareness, isRHD;
 modeld reads isRHD). gpuExecutionTime is the wall time from the frame in hand through the input preparation, the
 warp + model replays and the copy-out (on the CPU backend there is no separate device clock); modelExecutionTime adds
-parsing. A bad calibration, a torn frame or
-non-finite outputs publish valid=False; the policy learns only from finite, untorn frames.
+parsing. A bad calibration, a torn frame or non-finite outputs publish valid=False; the policy learns only from
+finite, untorn frames.
 """
 from __future__ import annotations
 import time
