@@ -11,7 +11,7 @@ def write_route(path, scene_name: str, frames: int, segments: int = 1) -> None:
   from cereal import messaging
   from cereal.services import CAMERAS
   from msgq.visionipc.layout import NV12Layout
-  from oproute.video import KEYFRAME_FLAG, HevcWriter, picture
+  from oproute.video import HevcWriter, picture
   from oproute.writer import RouteWriter
   scene, route, t0 = load_scene(scene_name), RouteWriter(path), time.monotonic_ns()
   renderers = {c: SceneRenderer(scene, c, NV12Layout.packed(scene.cameras[c].width, scene.cameras[c].height)) for c in ('road', 'wide', 'driver')}
@@ -23,10 +23,7 @@ def write_route(path, scene_name: str, frames: int, segments: int = 1) -> None:
     route.open_segment(seg)
     writers = {c: HevcWriter(route.segment_dir(seg) / CAMERAS[c].video, r.layout.width, r.layout.height) for c, r in renderers.items()}
     def index(seg: int, c: str, encoded) -> None:
-      for e in encoded:
-        event(seg, CAMERAS[c].encode_idx, e.timestamp_eof + 1, frameId=e.frame_id, type='fullHEVC', encodeId=e.frame_id, segmentNum=seg,
-              segmentId=e.index, segmentIdEncode=e.index, timestampSof=e.timestamp_sof, timestampEof=e.timestamp_eof, len=e.size,
-              flags=KEYFRAME_FLAG if e.keyframe else 0)
+      for e in encoded: route.write(seg, CAMERAS[c].encode_idx, e.index_event(c, seg, e.frame_id, e.timestamp_eof + 1))
     for i in range(seg * frames, (seg + 1) * frames):
       t = t0 + i * 50_000_000
       event(seg, 'carState', t, vEgo=scene.truth(i % scene.n_frames)['v_ego'])

@@ -15,7 +15,7 @@ from cereal import messaging
 from cereal.services import CAMERAS, SERVICES
 from msgq.visionipc import VisionIpcClient
 from oproute.logreader import message_length
-from oproute.video import KEYFRAME_FLAG, HevcWriter, picture
+from oproute.video import HevcWriter, picture
 from oproute.writer import RouteWriter
 
 log = logging.getLogger("modeld-record")
@@ -47,16 +47,9 @@ class CameraRecorder(threading.Thread):
     self._writer = None
 
   def _index(self, encoded) -> None:
-    svc = CAMERAS[self.camera].encode_idx
     for e in encoded:
-      msg = messaging.new_message(svc)
-      ei = getattr(msg, svc)
-      ei.frameId, ei.type, ei.encodeId, ei.segmentNum = e.frame_id, "fullHEVC", self.encode_id, self.segment
-      ei.segmentId = ei.segmentIdEncode = e.index
-      ei.timestampSof, ei.timestampEof, ei.len = e.timestamp_sof, e.timestamp_eof, e.size
-      ei.flags = KEYFRAME_FLAG if e.keyframe else 0
+      self.out.put((self.segment, CAMERAS[self.camera].encode_idx, e.index_event(self.camera, self.segment, self.encode_id)))
       self.encode_id += 1
-      self.out.put((self.segment, svc, msg.to_bytes()))
 
   def _close(self) -> None:
     if self._writer is not None: self._index(self._writer.close())

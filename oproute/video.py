@@ -13,6 +13,7 @@ from pathlib import Path
 from collections.abc import Iterator
 import av
 import numpy as np
+from cereal import messaging
 from cereal.services import CAMERAS, SERVICES
 from msgq.visionipc.layout import NV12Layout
 from oproute.logreader import segment_number
@@ -166,6 +167,17 @@ class EncodedFrame:
   keyframe: bool
   timestamp_sof: int
   timestamp_eof: int
+
+  def index_event(self, camera: str, segment: int, encode_id: int, log_mono_time: int | None = None) -> bytes:
+    """The camera's EncodeIndex event (roadEncodeIdx, ...) that places this frame in segment's file."""
+    svc = CAMERAS[camera].encode_idx
+    msg = messaging.new_message(svc, **({} if log_mono_time is None else {"logMonoTime": log_mono_time}))
+    ei = getattr(msg, svc)
+    ei.frameId, ei.type, ei.encodeId, ei.segmentNum = self.frame_id, "fullHEVC", encode_id, segment
+    ei.segmentId = ei.segmentIdEncode = self.index
+    ei.timestampSof, ei.timestampEof, ei.len = self.timestamp_sof, self.timestamp_eof, self.size
+    ei.flags = KEYFRAME_FLAG if self.keyframe else 0
+    return msg.to_bytes()
 
 def picture(buf: np.ndarray, layout: NV12Layout) -> av.VideoFrame:
   """A planar 4:2:0 copy of the NV12 picture in buf (of layout), for an encoder."""
