@@ -8,7 +8,7 @@ id and SOF/EOF timestamps (monotonic ns). All streams of one tick share the fram
 from __future__ import annotations
 import argparse, logging, sys, time
 import numpy as np
-from modeld_common.service import Stats, StopFlag, Watchdog, notify, set_process_title, setup_logging
+from modeld_service import Stats, StopFlag, Watchdog, notify, set_process_title, setup_logging
 from cereal import log as capnp_log, messaging
 from cereal.services import CAMERA_OF_STREAM as CAMERA_OF, CAMERA_STATE_SERVICES, SERVICES
 from msgq import IpcError

@@ -68,7 +68,7 @@ def replay_segment(src: str, out: str, runners: Runners) -> dict:
   from cereal.services import CAMERA_STATE_SERVICES, CAMERAS
   from camerad.sources import LogSource
   from camerad.main import FrameWriter, camera_state
-  from modeld_common.service import Stats
+  from modeld_service import Stats
   from dmonitoringd.model import DriverModel
   from modeld.model import RoadModel, road_streams
   from msgq.visionipc import DRIVER

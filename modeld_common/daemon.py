@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 from collections.abc import Callable
 import numpy as np
-from modeld_common.service import Stats, StopFlag, Watchdog, exit_now, notify, set_process_title, setup_logging
+from modeld_service import Stats, StopFlag, Watchdog, exit_now, notify, set_process_title, setup_logging
 
 EX_CONFIG = 78   # sysexits: the configuration (artifact vs camera) is wrong; restarting will not help
 RECV_TIMEOUT_MS = 100   # the loop checks the stop flag and kicks the watchdog at least this often

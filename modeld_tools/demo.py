@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
   os.environ['OPENPILOT_PREFIX'] = prefix   # before any socket: this process and its children use the private prefix
   env = {**os.environ, 'DEV': os.environ.get('DEV', 'CPU')}
   from cereal import messaging
-  from modeld_common.service import StopFlag
+  from modeld_service import StopFlag
   stop = StopFlag()
   mon, children, socks = Monitor(scene), [], {}
   tty, t0, exit_code = sys.stdout.isatty(), time.monotonic(), 0

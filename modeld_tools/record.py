@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse, errno, logging, queue, sys, threading, time
 from datetime import datetime
 from pathlib import Path
-from modeld_common.service import Stats, StopFlag, Watchdog, notify, set_process_title, setup_logging
+from modeld_service import Stats, StopFlag, Watchdog, notify, set_process_title, setup_logging
 from cereal import messaging
 from cereal.services import CAMERAS, SERVICES
 from msgq.visionipc import VisionIpcClient

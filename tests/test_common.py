@@ -1,8 +1,8 @@
-"""modeld_common.service: the service-manager notify protocol over real datagram sockets, the watchdog, stderr logging,
+"""modeld_service: the service-manager notify protocol over real datagram sockets, the watchdog, stderr logging,
 the signal stop flag and the periodic stats, in this process and in child processes."""
 import logging, os, signal, socket, subprocess, sys, textwrap, time
 import pytest
-from modeld_common.service import Stats, Watchdog, notify
+from modeld_service import Stats, Watchdog, notify
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -63,7 +63,7 @@ def _child(code: str, env: dict | None = None, **kw) -> subprocess.Popen:
 
 LOG = """
 import logging
-from modeld_common.service import setup_logging
+from modeld_service import setup_logging
 setup_logging('INFO')
 logging.getLogger('modeld').info('stats rate=%.1fHz', 20.0)
 logging.getLogger('modeld').debug('not shown')
@@ -80,7 +80,7 @@ def test_logging_terminal_and_journald():
 def test_repeated_warnings_are_rate_limited():
   out = _child("""
     import logging, time
-    from modeld_common.service import setup_logging
+    from modeld_service import setup_logging
     setup_logging('DEBUG', rate_limit=0.3)
     log = logging.getLogger('modeld')
     for i in range(100):
@@ -98,7 +98,7 @@ def test_stop_flag_ends_the_loop_on_sigterm_and_sigint():
   for sig in (signal.SIGTERM, signal.SIGINT):
     p = _child("""
       import time
-      from modeld_common.service import StopFlag, set_process_title
+      from modeld_service import StopFlag, set_process_title
       set_process_title('stoptest')
       stop = StopFlag()
       print('up', flush=True)

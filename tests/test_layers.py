@@ -7,11 +7,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 # bottom up; a module belongs to the layer of its longest listed prefix
 LAYERS = [
-  ("messaging", ["msgq", "cereal", "modeld_common.service"]),
+  ("messaging", ["msgq", "cereal", "modeld_service"]),
   ("routes", ["oproute"]),
   ("model runtime", ["modelrt"]),
   ("camera sources", ["camerad"]),
-  ("daemons", ["modeld_common.camera", "modeld_common.daemon", "modeld", "dmonitoringd"]),
+  ("daemons", ["modeld_common", "modeld", "dmonitoringd"]),
   ("tools", ["modeld_tools", "modeld_batch"]),
 ]
 APART = [("modeld", "dmonitoringd")]   # same layer, but neither imports the other

@@ -16,7 +16,7 @@ from modeld.desire import DesireHelper, Desire
 from modeld.fill_msgs import Action, FrameInfo, PublishState, action_times, fill_model_msgs, fits_float32, get_action, path_coefficients
 from modeld.model import RoadModel
 from modeld_common.daemon import EX_CONFIG, FrameRun
-from modeld_common.service import Stats
+from modeld_service import Stats
 from modelrt.runner import RoadRunner, _output
 from modeld.parse import parse_outputs
 from modelrt.calibration import Calibration, CalibrationError, check_rpy, sensor_name, camera_for
