@@ -236,3 +236,12 @@ def test_without_ray_installed_says_which_extra(routes, tiny_artifacts, tmp_path
   r = subprocess.run([sys.executable, "-c", code, routes[0], "--artifacts", tiny_artifacts, "--out", tmp_path / "out"], cwd=REPO,
                      capture_output=True, text=True, env=ENV, timeout=60)
   assert r.returncode == 2 and "pip install 'tinymodeld[batch]'" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+def test_cluster_launcher_config_is_one_ray_up_takes():
+  """modeld_batch/cluster.yaml, the cluster docs/BATCH.md runs the job on: Ray's own bootstrap of a `ray up` (its
+  defaults, its schema, the local provider's checks) accepts it, every listed machine a node."""
+  import yaml
+  from ray.autoscaler._private.commands import _bootstrap_config
+  c = _bootstrap_config(yaml.safe_load((REPO / "modeld_batch" / "cluster.yaml").read_text()), no_config_cache=True)
+  assert c["provider"]["type"] == "local" and c["max_workers"] == len(c["provider"]["worker_ips"]), c
+  assert all("RAY_AUTH_MODE=token" in cmd for cmd in c["head_start_ray_commands"] + c["worker_start_ray_commands"] if " start " in cmd)
