@@ -105,16 +105,15 @@ def run(args) -> int:
   arts = manifests(args.artifacts)
   device = args.device or arts["road"].manifest["target"]["device"]
   check_layouts(todo, arts)
-  t0 = time.monotonic()
   # workers run where Ray puts them: they get the artifact's tinygrad device from here, not from their node's default
   local = {} if args.address else {"num_cpus": args.workers or os.cpu_count() or 1, "include_dashboard": False}
-  ray.init(address=args.address, log_to_driver=False, runtime_env={"env_vars": {"DEV": device}}, **local)
-  n_workers = args.workers or int(ray.cluster_resources().get("CPU", 1))
-  print(f"ray: {'joined ' + args.address if args.address else 'local'}, {n_workers} workers in {(ray_s := time.monotonic() - t0):.1f} s", file=sys.stderr)
-  workers = [SegmentWorker.options(num_cpus=1, max_restarts=-1, max_task_retries=RETRIES).remote(str(args.artifacts))
-             for _ in range(min(n_workers, len(todo)) or 1)]
-  pending, queue, interrupted, t1 = {}, list(todo), False, None
-  try:
+  t0, ray_s, workers, pending, queue, interrupted, t1 = time.monotonic(), 0., [], {}, list(todo), False, None
+  try:   # from Ray's start on: a Ctrl-C while it starts stops as cleanly as one during the segments
+    ray.init(address=args.address, log_to_driver=False, runtime_env={"env_vars": {"DEV": device}}, **local)
+    n_workers = args.workers or int(ray.cluster_resources().get("CPU", 1))
+    print(f"ray: {'joined ' + args.address if args.address else 'local'}, {n_workers} workers in {(ray_s := time.monotonic() - t0):.1f} s", file=sys.stderr)
+    workers = [SegmentWorker.options(num_cpus=1, max_restarts=-1, max_task_retries=RETRIES).remote(str(args.artifacts))
+               for _ in range(min(n_workers, len(todo)) or 1)]
     try: ray.get([w.pid.remote() for w in workers])   # started, artifacts loaded: what follows is the segments' time
     except ray.exceptions.RayError as e: sys.exit(f"modeld-batch: the workers could not start: {str(e).splitlines()[0][:300]}")
     t1 = time.monotonic()

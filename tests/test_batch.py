@@ -1,7 +1,7 @@
 """modeld-batch on a real local Ray: the same outputs as the live daemons in lockstep (missing frames and the wide
 road camera included), the artifacts' buffer layouts, retries of a killed worker, a corrupt segment reported while
 the rest finish, Ctrl-C and --resume, diff, and the errors a user meets first."""
-import json, os, shutil, signal, subprocess, sys, time
+import json, os, shutil, signal, subprocess, sys, time, uuid
 from pathlib import Path
 import pytest
 from tests.artifacts import ALT_LAYOUT, CACHE, REPO, UNSERVED_LAYOUT, build
@@ -18,8 +18,22 @@ def batch(*args, timeout: float = 300) -> subprocess.CompletedProcess:
                         timeout=timeout)
 
 def start_batch(*args) -> subprocess.Popen:
-  return subprocess.Popen([sys.executable, "-m", "modeld_batch", *map(str, args), "--quiet"], cwd=REPO, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, env=ENV)
+  """The job in a session of its own, as a terminal runs a command: a Ctrl-C there goes to its whole process group. A
+  marker in its environment (Ray's workers inherit it) tells its processes from any other job's."""
+  marker = f"MODELD_BATCH_TEST_JOB={uuid.uuid4().hex}"
+  p = subprocess.Popen([sys.executable, "-m", "modeld_batch", *map(str, args), "--quiet"], cwd=REPO, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, env={**ENV, **dict([marker.split("=")])}, start_new_session=True)
+  p.marker = marker.encode()
+  return p
+
+def job_workers(p: subprocess.Popen) -> list[int]:
+  """The pids of p's Ray worker processes that hold a SegmentWorker."""
+  pids = []
+  for pid in subprocess.run(["pgrep", "-f", "ray::SegmentWorker"], capture_output=True, text=True).stdout.split():
+    try:
+      if p.marker in Path(f"/proc/{pid}/environ").read_bytes(): pids.append(int(pid))
+    except OSError: pass   # gone meanwhile
+  return pids
 
 @pytest.fixture(scope="module")
 def routes(scene, tmp_path_factory) -> list[Path]:
@@ -137,9 +151,8 @@ def test_killed_worker_is_retried_with_identical_results(scene, tiny_artifacts, 
     while not list((tmp_path / "killed" / "long").glob(".long--*.tmp")):   # a segment in progress
       assert p.poll() is None and time.monotonic() < deadline, p.communicate()
       time.sleep(0.005)
-    pids = subprocess.run(["pgrep", "-f", "ray::SegmentWorker"], capture_output=True, text=True).stdout.split()
-    assert pids, "no Ray worker process holding a SegmentWorker"
-    for pid in pids: os.kill(int(pid), signal.SIGKILL)
+    assert (pids := job_workers(p)), "no Ray worker process of this job holding a SegmentWorker"
+    for pid in pids: os.kill(pid, signal.SIGKILL)
     out, err = p.communicate(timeout=300)
   finally:
     if p.poll() is None: p.kill()
@@ -169,8 +182,8 @@ def test_corrupt_segment_is_reported_the_rest_finish_and_resume(routes, tiny_art
   assert (summary["a"]["resumed"], summary["a"]["done"], len(summary["a"]["errors"])) == (1, 0, 1), summary
 
 def test_ctrl_c_stops_cleanly_and_resume_finishes(scene, tiny_artifacts, tmp_path):
-  """SIGINT during a job: exit 130, no temporary output left; --resume completes the rest, and the outputs equal a
-  run never interrupted."""
+  """Ctrl-C during a job (SIGINT to its process group, as a terminal sends it): exit 130, no temporary output left, no
+  worker of it left running; --resume completes the rest, and the outputs equal a run never interrupted."""
   long = tmp_path / "long"
   write_route(long, scene, segments=3, frames=40)
   p = start_batch(long, "--artifacts", tiny_artifacts, "--out", tmp_path / "out", "--workers", 1)
@@ -179,12 +192,15 @@ def test_ctrl_c_stops_cleanly_and_resume_finishes(scene, tiny_artifacts, tmp_pat
     while not (tmp_path / "out" / "long" / "long--0").exists():   # one segment done, others to come
       assert p.poll() is None and time.monotonic() < deadline, p.communicate()
       time.sleep(0.01)
-    p.send_signal(signal.SIGINT)
+    os.killpg(p.pid, signal.SIGINT)   # a terminal's Ctrl-C: the driver and every process of its group
     out, err = p.communicate(timeout=60)
   finally:
     if p.poll() is None: p.kill()
   assert p.returncode == 130 and "interrupted" in err, err
   assert not list((tmp_path / "out").rglob("*.tmp"))
+  deadline = time.monotonic() + 10   # Ray's shutdown ends its workers as it goes
+  while job_workers(p) and time.monotonic() < deadline: time.sleep(0.1)
+  assert not job_workers(p), "a worker outlived the interrupted job"
   r = batch(long, "--artifacts", tiny_artifacts, "--out", tmp_path / "out", "--resume")
   assert r.returncode == 0, r.stderr
   assert sorted(os.listdir(tmp_path / "out" / "long")) == ["long--0", "long--1", "long--2"]
