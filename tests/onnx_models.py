@@ -57,9 +57,11 @@ def _policy_known(rng: np.random.Generator) -> dict[str, np.ndarray]:
 def _dm_known(rng: np.random.Generator) -> dict[str, np.ndarray]:
   return {k: rng.normal(0, 1, h.width).astype(np.float32) for k, h in DM_V0_11_1.dm.heads.items()}
 
-def _layout(model: Model, known: dict[str, np.ndarray], widths: dict[str, int], extra: int) -> tuple[dict[str, slice], np.ndarray]:
-  """Slices back to back in the contract's order (a head's width overridden by `widths`, then zeros), the constant vector."""
-  parts = {k: known[k] if k not in widths else np.zeros(widths[k], np.float32) for k in model.heads}
+def _layout(model: Model, known: dict[str, np.ndarray], widths: dict[str, int], extra: int,
+            order: tuple[str, ...] | None = None) -> tuple[dict[str, slice], np.ndarray]:
+  """Slices back to back in the contract's order, the release's (or in `order`; a head's width overridden by `widths`,
+  then zeros), the constant vector."""
+  parts = {k: known[k] if k not in widths else np.zeros(widths[k], np.float32) for k in order or model.heads}
   slices, start = {}, 0
   for k, a in parts.items(): slices[k], start = slice(start, start + a.size), start + a.size
   spare = model.width - sum(h.width for h in model.heads.values()) if model.width else extra   # entries after the slices
@@ -115,11 +117,12 @@ def _dense(nodes: list, weights: dict, features: list, n_in: int, n_out: int, se
 
 def _lin_is_taps(nodes: list) -> None: nodes.append(helper.make_node('Identity', ['lin'], ['taps']))
 
-def vision_onnx(path, widths: dict[str, int] | None = None, output_slices=..., dense: bool = False, **kw) -> pathlib.Path:
+def vision_onnx(path, widths: dict[str, int] | None = None, output_slices=..., dense: bool = False, order: tuple[str, ...] | None = None,
+                **kw) -> pathlib.Path:
   """driving_vision.onnx's I/O with the outputs above. widths: heads of another width (zeros), as another release's
-  model would have; output_slices: other metadata (None: none)."""
+  model would have; output_slices: other metadata (None: none); order: the heads laid out in this order instead."""
   m = ROAD_V0_11_1.vision
-  slices, bias = _layout(m, KNOWN_SLICES['vision'], widths or {}, 0)
+  slices, bias = _layout(m, KNOWN_SLICES['vision'], widths or {}, 0, order)
   hid, meta = slices['hidden_state'].start, slices['meta'].start
   w = _taps(4, bias.size, {meta + ROAD_Y_META: {0: Y_SCALE}, meta + WIDE_Y_META: {1: Y_SCALE}, hid: {2: 1.}, hid + 1: {3: 1.}})
   nodes = [*_channel_mean('img', 6, 'road_y'), *_channel_mean('big_img', 6, 'wide_y'), *_channel_mean('img', 10, 'road_u'),

@@ -170,6 +170,26 @@ def test_outputs_are_cut_and_outlive_later_frames(runner):
   for b in bufs[1:]: runner.run(b, b, desire(), LHD)
   assert all(np.array_equal(first.outputs[k], held[k]) for k in held)
 
+def test_heads_are_cut_where_the_model_says(built, road, tmp_path):
+  """A vision model with the release's heads in another order (the same widths: the contract is identified, and its
+  output_slices say where each head is): every head comes out as from the release's layout, so the runtime cuts by
+  the model's own metadata, never by where the contract lists a head."""
+  order = tuple(reversed(ROAD_V0_11_1.vision.heads))
+  road_cmd = built[2]
+  v = vision_onnx(tmp_path / 'v.onnx', order=order)
+  cmd = [*road_cmd[:road_cmd.index('--vision-onnx') + 1], str(v), *road_cmd[road_cmd.index('--vision-onnx') + 2:]]
+  cmd[cmd.index('--out') + 1] = str(tmp_path / 'art')
+  with Context(PARALLEL=0): assert main(cmd) == 0
+  other = load_artifact(tmp_path / 'art', 'road')
+  assert list(other.output_slices('vision')) == list(order) and other.output_slices('vision') != road.output_slices('vision')
+  outs = []
+  for art in (road, other):
+    r = RoadRunner(art, MAIN, None)
+    r.set_transforms(T, T * 1.1)
+    outs.append({k: v.copy() for k, v in one(r, CamBuf(MAIN, seed=5), desire(), LHD).outputs.items()})
+  assert outs[0].keys() == outs[1].keys() and all(np.array_equal(outs[0][k], outs[1][k]) for k in outs[0]), \
+    [k for k in outs[0] if not np.array_equal(outs[0][k], outs[1][k])]
+
 def test_image_queue_keeps_the_frame_four_earlier(road):
   w = road.load_jit(road.warp_name(str(MAIN)))
   r = RoadRunner(road, MAIN, None)
