@@ -107,20 +107,21 @@ def record(services: list[str], path: Path, segment_seconds: float, flush_second
       try: seg, svc, dat = indexes.get_nowait()
       except queue.Empty: return
       write(seg if seg in route.logs else segments.n, svc, dat)
+  def receive(sock) -> None:
+    svc = names[sock.sock]
+    for dat in messaging.drain_sock_raw(sock):
+      # only whole, parseable messages of this service: anything else would break the file's framing
+      try: ok = message_length(dat) == len(dat) and messaging.log_from_bytes(dat).which() == svc
+      except messaging.MalformedMessageError: ok = False
+      if not ok:
+        malformed[svc] += 1
+        continue
+      write(segments.n, svc, dat)
   notify("READY=1", f"STATUS=recording {len(services)} services to {path}")
   log.info("recording %d services%s to %s", len(services), f" and {', '.join(cameras)} video" if cameras else "", path)
   try:
     while not stop and (t_end is None or time.monotonic() < t_end):
-      for sock in poller.poll(100):
-        svc = names[sock.sock]
-        for dat in messaging.drain_sock_raw(sock):
-          # only whole, parseable messages of this service: anything else would break the file's framing
-          try: ok = message_length(dat) == len(dat) and messaging.log_from_bytes(dat).which() == svc
-          except messaging.MalformedMessageError: ok = False
-          if not ok:
-            malformed[svc] += 1
-            continue
-          write(segments.n, svc, dat)
+      for sock in poller.poll(100): receive(sock)
       drain()
       for r in recorders:
         if r.camera not in connected and r.connected.is_set():
@@ -144,6 +145,7 @@ def record(services: list[str], path: Path, segment_seconds: float, flush_second
         raise RuntimeError(f"recording {failed[0].camera} video failed: {failed[0].error!r}")
       watchdog.kick()
       stats.tick()
+    for sock in socks.values(): receive(sock)   # a stop keeps what had arrived by then
   finally:
     cam_stop.set()
     for r in recorders: r.join(10)

@@ -251,8 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     for log in log_files(args.path, "a"):
       for f in [log] if segment_number(log.parent) < 0 else [log.parent / "rlog.zst", log.parent / "qlog.zst"]:
         if f.is_file() and unfinished(f):
-          finalize(f)
-          print(f"finalized {f}")
+          problem = finalize(f, repair=True)
+          print(f"finalized {f}" + (f" ({problem})" if problem else ""))
   counts: dict[str, int] = {}
   t0 = t1 = None
   lr = LogReader(args.path, args.mode)

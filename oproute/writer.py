@@ -14,7 +14,7 @@ from pathlib import Path
 import zstandard as zstd
 from cereal import messaging
 from cereal.services import SERVICES
-from oproute.logreader import ZSTD_MAGIC, read_log_file
+from oproute.logreader import ZSTD_MAGIC, read_log_file, split_messages
 
 FINAL_LEVEL = 10   # zstd level of a closed segment's logs (openpilot's); 3 while recording, for speed
 
@@ -29,15 +29,19 @@ def init_data() -> bytes:
   return msg.to_bytes()
 
 def unfinished(path: Path) -> bool:
-  """True for a zstd log as the recorder writes it, frames without their size: a segment a crash cut short."""
+  """True for a zstd log that is not one frame with its size: frames as the recorder writes them, or a file a crash cut
+  short (empty, or its header cut)."""
   with open(path, "rb") as f: head = f.read(18)   # a zstd frame header is at most 18 bytes
-  try: return head[:4] == ZSTD_MAGIC and zstd.frame_content_size(head) == -1
-  except zstd.ZstdError: return False   # damaged: finalize could not read it either
+  if head and head[:4] != ZSTD_MAGIC[:len(head)]: return False   # not zstd
+  try: return zstd.frame_content_size(head) == -1
+  except zstd.ZstdError: return True
 
-def finalize(path: Path) -> None:
-  """Rewrite a zstd log as one frame with its content size, atomically (a crash meanwhile leaves the old file)."""
+def finalize(path: Path, repair: bool = False) -> str | None:
+  """Rewrite a zstd log as one frame with its content size, atomically (a crash meanwhile leaves the old file). Damaged
+  data is an OSError, or with repair what reads is kept, cut to whole messages, and the damage is returned."""
   data, problem = read_log_file(path)
-  if problem: raise OSError(f"{path}: {problem}")
+  if problem and not repair: raise OSError(f"{path}: {problem}")
+  if repair and (cut := split_messages(data)[1]): data, problem = data[:len(data) - cut], problem or f"{cut} bytes of a partial message at the end dropped"
   tmp = path.with_name(path.name + ".tmp")
   try:
     with open(tmp, "wb") as f:
@@ -48,6 +52,7 @@ def finalize(path: Path) -> None:
   except OSError:   # a full disk, say: the log stays as it was, a sequence of frames
     tmp.unlink(missing_ok=True)
     raise
+  return problem
 
 class LogFile:
   """One zstd log being written: write() compresses, flush() ends a frame and hands it to the OS (from then on it

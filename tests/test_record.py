@@ -84,7 +84,10 @@ def test_sigkill_loses_at_most_the_last_moments(tmp_path):
     assert got[s] == msgs[:len(got[s])], f"{s}: what reads back is not what was sent"
     assert len(got[s]) >= flushed[s], f"{s}: {len(got[s])} read back, {flushed[s]} were flushed before the kill"
   # the killed segment's logs are frames without their size; --finalize makes every log one-shot readable, same content
-  unfinished = [seg / log for seg in segs for log in ("rlog.zst", "qlog.zst") if zstd.frame_content_size((seg / log).read_bytes()) == -1]
+  def one_shot(f: Path) -> bool:
+    try: return zstd.decompress(f.read_bytes()) is not None
+    except zstd.ZstdError: return False
+  unfinished = [seg / log for seg in segs for log in ("rlog.zst", "qlog.zst") if not one_shot(seg / log)]
   assert unfinished, "the segment open at the kill was left as the recorder writes it"
   r = subprocess.run([sys.executable, "-m", "oproute", "--finalize", route], cwd=ROOT, capture_output=True, text=True, timeout=60)
   assert r.returncode == 0 and all(f"finalized {f}" in r.stdout for f in unfinished), r.stdout + r.stderr
@@ -157,6 +160,28 @@ def test_truncated_tail_reads_up_to_last_whole_message(tmp_path):
       got = [d for d, _ in LogReader(path).raw()]
       assert got == msgs[:len(got)], (close, n)
     assert len(got) == 0
+
+def test_finalize_repairs_what_a_crash_left(tmp_path):
+  """python -m oproute --finalize on the logs a crash can leave: an empty one (the segment had just opened), a zstd
+  header cut short, frames without their size ending in a partial message. Each becomes one zstd frame with its size
+  (what one-shot readers need) holding the whole messages, and the damage is named; a closed log is left alone."""
+  route, msgs = tmp_path / "r", [car(i) for i in range(3)]
+  for n in range(4): (route / f"r--{n}").mkdir(parents=True)
+  (route / "r--0" / LOG_NAME).write_bytes(b"")
+  (route / "r--1" / LOG_NAME).write_bytes(zstd.ZstdCompressor().compress(msgs[0])[:3])
+  with zstd.ZstdCompressor().stream_writer(open(route / "r--2" / LOG_NAME, "wb")) as w:
+    w.write(b"".join(msgs))
+    w.flush(zstd.FLUSH_FRAME)
+    w.write(msgs[0][:20])
+  write_log(route / "r--3" / LOG_NAME, msgs)
+  closed = (route / "r--3" / LOG_NAME).read_bytes()
+  r = subprocess.run([sys.executable, "-m", "oproute", "--finalize", route], cwd=ROOT, capture_output=True, text=True, timeout=60)
+  assert r.returncode == 0, r.stderr
+  assert [l for l in r.stdout.splitlines() if l.startswith("finalized")] == [
+    f"finalized {route / 'r--0' / LOG_NAME}", f"finalized {route / 'r--1' / LOG_NAME} (3 bytes of a partial message at the end dropped)",
+    f"finalized {route / 'r--2' / LOG_NAME} (20 bytes of a partial message at the end dropped)"], r.stdout
+  assert [zstd.decompress((route / f"r--{n}" / LOG_NAME).read_bytes()) for n in range(3)] == [b"", b"", b"".join(msgs)]
+  assert (route / "r--3" / LOG_NAME).read_bytes() == closed
 
 def test_split_messages_framing():
   msgs = [car(1), calib(2), car(3)]
