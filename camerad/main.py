@@ -10,10 +10,10 @@ import argparse, logging, sys, time
 import numpy as np
 from modeld_service import Stats, StopFlag, Watchdog, notify, set_process_title, setup_logging
 from cereal import log as capnp_log, messaging
-from cereal.services import CAMERA_OF_STREAM as CAMERA_OF, CAMERA_STATE_SERVICES, SERVICES
+from cereal.services import CAMERA_OF_STREAM as CAMERA_OF, CAMERA_STATE_SERVICES, SERVICES, road_streams
 from msgq import IpcError
 from msgq.pubsub import RECONNECT_IVL_MAX_S
-from msgq.visionipc import DRIVER, ROAD, WIDE_ROAD, NV12Layout, VisionIpcServer
+from msgq.visionipc import DRIVER, NV12Layout, VisionIpcServer
 from oproute.video import VideoError
 from camerad.sources import STREAMS, Source, SourceError, Tick, open_source
 
@@ -146,8 +146,6 @@ class SourceClock:
     self.last = sof + self.shift
     return sof + self.shift, eof + self.shift
 
-ROAD_PAIR = {ROAD, WIDE_ROAD}
-
 class FrameWriter:
   """What camerad serves of a tick: each stream's frame written into a buffer, with the frame id and SOF/EOF times it
   goes out with. A frame that cannot be written (a damaged picture) is skipped and counted in the source's `skipped`.
@@ -175,10 +173,11 @@ class FrameWriter:
         tick.frames[s](out, layout)
         written.append(s)
       except ValueError as e: self.source.skipped[f"{CAMERA_OF[s]}: {e}"] += 1
-    if self.lockstep and ROAD_PAIR <= self.source.streams.keys() and len(alone := ROAD_PAIR & set(written)) == 1:
+    pair = set(road_streams(self.source.streams) or ())
+    if self.lockstep and len(pair) == 2 and len(alone := pair & set(written)) == 1:
       # modeld runs a road frame only with its wide one: served alone, it would never be answered
       written.remove(s := alone.pop())
-      self.source.skipped[f"{CAMERA_OF[s]}: frame without its {CAMERA_OF[(ROAD_PAIR - {s}).pop()]} frame (lockstep serves them together)"] += 1
+      self.source.skipped[f"{CAMERA_OF[s]}: frame without its {CAMERA_OF[(pair - {s}).pop()]} frame (lockstep serves them together)"] += 1
     eof = time.monotonic_ns()
     ids = {s: self.last[s] + 1 if self.lockstep and s in self.last else tick.index + self.offset for s in written}
     self.last.update(ids)
@@ -197,7 +196,7 @@ class Lockstep:
   """Waits for the daemons' outputs (frameId == the frame just sent) before the next frame is sent."""
   def __init__(self, services: list[str] | None, streams, timeout: float, stop: StopFlag, idle=lambda: None):
     self.explicit, self.timeout, self.stop, self.idle, self.socks = services, timeout, stop, idle, {}
-    self.main = ROAD if ROAD in streams else WIDE_ROAD   # modeld's main camera: its frames are the ones modelV2 answers
+    self.main = (road_streams(streams) or (None,))[0]   # modeld's main camera: its frames are the ones modelV2 answers
     if not self.answers(streams): raise SourceError("--lockstep: the source serves no camera stream, nothing to wait for")
 
   def answers(self, streams) -> dict[str, int]:

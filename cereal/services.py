@@ -51,3 +51,12 @@ CAMERAS: dict[str, Camera] = {
 }
 CAMERA_OF_STREAM = {c.stream: name for name, c in CAMERAS.items()}
 CAMERA_STATE_SERVICES = {c.stream: c.state for c in CAMERAS.values()}
+
+def road_streams(streams) -> tuple[int, ...] | None:
+  """The streams the road model takes of those served, main first: road (wide road when there is no road), then wide
+  road as the extra camera; None without either. modelV2 answers the main camera's frame, and with two streams modeld
+  runs a frame of each together. The one place that decides the one-camera case: with one stream, the frame sync and
+  the runner read the same buffer for both."""
+  road, wide = CAMERAS["road"].stream, CAMERAS["wide"].stream
+  if road in streams: return (road, wide) if wide in streams else (road,)
+  return (wide,) if wide in streams else None

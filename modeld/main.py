@@ -13,7 +13,8 @@ the build command.
 from __future__ import annotations
 import sys
 from modeld_common.daemon import RECV_TIMEOUT_MS, ModelDaemon, main as daemon_main
-from modeld.model import RoadModel, road_streams
+from cereal.services import road_streams
+from modeld.model import RoadModel
 
 class ModelD(ModelDaemon):
   name, family, MODEL = 'modeld', 'road', RoadModel

@@ -12,14 +12,6 @@ from __future__ import annotations
 import numpy as np
 from modeld_common.daemon import FrameModel, FrameRun
 
-def road_streams(streams: set[int]) -> tuple[int, ...] | None:
-  """The streams the road model takes from those a camera serves, main first: road (wide road when there is no road),
-  then wide road as the extra camera. None without either. The one place that decides the one-camera case: with one
-  stream, the frame sync and the runner read the same buffer for both."""
-  from msgq.visionipc import ROAD, WIDE_ROAD
-  if ROAD in streams: return (ROAD, WIDE_ROAD) if WIDE_ROAD in streams else (ROAD,)
-  return (WIDE_ROAD,) if WIDE_ROAD in streams else None
-
 class RoadModel(FrameModel):
   PUBLISHES = ['modelV2', 'drivingModelData', 'cameraOdometry']
   SUBSCRIBES = ['deviceState', 'carState', 'roadCameraState', 'wideRoadCameraState', 'liveCalibration', 'driverMonitoringState',

@@ -65,12 +65,12 @@ def artifact_layouts(arts: dict, streams: dict[int, tuple[int, int]]) -> dict:
 def replay_segment(src: str, out: str, runners: Runners) -> dict:
   """Run segment src through the daemons' frame models; returns its counts."""
   from cereal import messaging
-  from cereal.services import CAMERA_STATE_SERVICES, CAMERAS
+  from cereal.services import CAMERA_STATE_SERVICES, CAMERAS, road_streams
   from camerad.sources import LogSource
   from camerad.main import FrameWriter, camera_state
   from modeld_service import Stats
   from dmonitoringd.model import DriverModel
-  from modeld.model import RoadModel, road_streams
+  from modeld.model import RoadModel
   from msgq.visionipc import DRIVER
   from oproute.logreader import LogReader, segment_log
   from oproute.video import VideoError

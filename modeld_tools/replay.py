@@ -11,14 +11,13 @@ from __future__ import annotations
 import argparse, os, shutil, signal, subprocess, sys, tempfile, time
 from datetime import datetime
 from pathlib import Path
-from cereal.services import CAMERAS
+from cereal.services import CAMERA_STATE_SERVICES, CAMERAS, road_streams
 from msgq import runtime_dir
 from oproute import LogReader, log_files
 from oproute.video import EncodeIndex
 from modeld_tools.compare import FIELDS, compare, route_outputs, table
 
 STOP_TIMEOUT_S = 20.
-MAIN_STATE = ("roadCameraState", "wideRoadCameraState")   # modelV2's frame is the road camera's (the wide one's without it)
 
 def route_cameras(route: list[str]) -> list[str]:
   """The cameras whose frames the route can serve: camera states and EncodeIdx events of them."""
@@ -104,7 +103,8 @@ example: modeld-replay realdata/2026-11-30--04-00-00--3 --artifacts artifacts --
   print(f"replayed {', '.join(cameras)} of {' '.join(args.route)} in {time.monotonic() - t0:.1f} s into {out}")
   ref, _ = route_outputs(args.route)
   new, sources = route_outputs(out)
-  frame_map = {"modelV2": next((sources[s] for s in MAIN_STATE if s in sources), {}), "driverStateV2": sources.get("driverCameraState", {})}
+  main = road_streams({s for s, svc in CAMERA_STATE_SERVICES.items() if svc in sources})   # the camera modelV2 answers
+  frame_map = {"modelV2": sources[CAMERA_STATE_SERVICES[main[0]]] if main else {}, "driverStateV2": sources.get("driverCameraState", {})}
   new = {svc: {frame_map[svc].get(fid, fid): v for fid, v in outs.items()} for svc, outs in new.items()}
   if args.frames:   # only the source frames replayed are expected
     ref = {svc: {fid: v for fid, v in outs.items() if fid <= max(frame_map[svc].values(), default=-1)} for svc, outs in ref.items()}
