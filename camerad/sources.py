@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools, os
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from collections.abc import Callable, Iterator
 import numpy as np
 from cereal import messaging
@@ -18,7 +17,7 @@ from cereal.services import CAMERAS, SERVICES
 from msgq.visionipc import NV12Layout
 from camerad.render import SceneRenderer
 from camerad.scene import SceneError, load_scene
-from oproute.logreader import LogReader, log_files, routes_of
+from oproute.logreader import LogReader, log_files, parse_identifier, routes_of
 from oproute.video import DEFAULT_FPS, CameraVideo, EncodeIndex, VideoDecoder, VideoError, fill_frame
 
 STREAMS = {name: c.stream for name, c in CAMERAS.items()}
@@ -237,6 +236,7 @@ def open_source(specs: list[str], cameras: list[str] | None = None, services: li
   return VideoSource(files, v4l2=all(devices))
 
 def _is_log(path: str) -> bool:
-  """A route or segment folder, a log file, or a route name whose segments sit beside it."""
-  p = Path(path)
+  """A route or segment folder, a log file, or a route name whose segments sit beside it (each may carry openpilot's
+  segment range and mode: ROUTE/2:4/q)."""
+  p = parse_identifier(path)[0]
   return p.is_dir() or p.name.startswith(("rlog", "qlog")) or (not p.exists() and any(p.parent.glob(f"{p.name}--*")))

@@ -12,7 +12,8 @@ def run(module: str, *args, timeout: float = 120) -> subprocess.CompletedProcess
 def test_openpilot_route_replays_through_both_daemons(tiny_artifacts, scene, tmp_path):
   """Two segments whose frame ids start at 100 (a drive's middle), road and driver cameras: in lockstep, exactly one
   modelV2 and one driverStateV2 per frame, with the log's frame ids; the log's calibration reaches the daemons. Then
-  --start and --frames pick frames by the log's ids (the daemons reconnect to the restarted camerad)."""
+  --start and --frames pick frames by the log's ids in the route's segment 1, named as openpilot does (ROUTE/1; the
+  daemons reconnect to the restarted camerad)."""
   ids = write_route(tmp_path / "route", scene)
   daemons = [Daemon(m, tiny_artifacts) for m in ("modeld", "dmonitoringd")]   # ready once camerad serves: lockstep waits for them
   col = Collector(["modelV2", "driverStateV2", "cameraOdometry"])
@@ -22,7 +23,7 @@ def test_openpilot_route_replays_through_both_daemons(tiny_artifacts, scene, tmp
       assert [getattr(ev, svc).frameId for ev in col.wait(svc, len(ids))] == ids, svc
     assert all(ev.valid for ev in col.msgs["modelV2"]), "liveCalibration from the log was republished before the first frame"
     for svc in col.msgs: col.msgs[svc].clear()
-    assert lockstep(tmp_path / "route", col, "--start", "112", "--frames", "5")
+    assert lockstep(f"{tmp_path / 'route'}/1", col, "--start", "112", "--frames", "5")   # segment 1, as openpilot names it
     assert [ev.modelV2.frameId for ev in col.wait("modelV2", 5)] == list(range(112, 117))
   finally:
     for d in daemons: d.stop()
