@@ -8,7 +8,7 @@ partial message that the framing detects. Bytes that are not a whole, valid Even
 `warnings`, never yielded; an event of a union member this schema does not know is yielded as an `UnknownEvent`.
 """
 from __future__ import annotations
-import bz2, enum, logging, re, struct
+import bz2, enum, logging, re, struct, sys
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Iterator
@@ -135,8 +135,10 @@ def select_segments(segs: list[Path], sl: str, where: Path) -> list[Path]:
   if len(routes := {route_name(d) for d in segs}) > 1:
     raise ValueError(f"{where}: holds {len(routes)} routes ({', '.join(sorted(routes))}): a segment range needs one route")
   by_n, last = {segment_number(d): d for d in segs}, max(segment_number(d) for d in segs)
-  if ":" in sl: wanted = list(range(last + 1))[slice(*(int(x) if x else None for x in sl.split(":")))]
-  else: wanted = [int(sl) + (last + 1 if int(sl) < 0 else 0)]
+  try:
+    if ":" in sl: wanted = list(range(last + 1))[slice(*(int(x) if x else None for x in sl.split(":")))]
+    else: wanted = [int(sl) + (last + 1 if int(sl) < 0 else 0)]
+  except ValueError as e: raise ValueError(f"{where}/{sl}: not a segment range ({e})") from None
   if missing := [n for n in wanted if n not in by_n]:
     raise FileNotFoundError(f"{where}/{sl}: no segment(s) {', '.join(map(str, missing))} (the route has {', '.join(map(str, sorted(by_n)))})")
   return [by_n[n] for n in wanted]
@@ -237,6 +239,22 @@ class LogReader:
 def _run_on_file(func, sort_by_time: bool, only_union_types: bool, f: Path):
   return func(LogReader(f, sort_by_time=sort_by_time, only_union_types=only_union_types))
 
+QUIET_S = 5.   # a log written to more recently may still be recorded (the recorder flushes every 0.5 s by default)
+
+def _finalize(logs: list[Path]) -> None:
+  """Each unfinished zstd log of these logs' segments (rlog and qlog) rewritten as one frame; one still being written to
+  is left alone: rewriting it under a running recorder would lose what it writes next."""
+  import time
+  from oproute.writer import finalize, unfinished
+  for log in logs:
+    for f in [log] if segment_number(log.parent) < 0 else [log.parent / "rlog.zst", log.parent / "qlog.zst"]:
+      if not f.is_file() or not unfinished(f): continue
+      if (age := time.time() - f.stat().st_mtime) < QUIET_S:
+        print(f"left {f} alone: written to {age:.1f} s ago (still being recorded?)")
+        continue
+      problem = finalize(f, repair=True)
+      print(f"finalized {f}" + (f" ({problem})" if problem else ""))
+
 def main(argv: list[str] | None = None) -> int:
   import argparse
   ap = argparse.ArgumentParser(prog="python -m oproute", description="Summarise a route, segment or log file: events per service and time span.")
@@ -246,19 +264,17 @@ def main(argv: list[str] | None = None) -> int:
   ap.add_argument("--finalize", action="store_true", help="first rewrite each log a crash left unfinished (zstd frames "
                   "without their size, which one-shot readers such as openpilot's LogReader refuse) as one frame")
   args = ap.parse_args(argv)
-  if args.finalize:
-    from oproute.writer import finalize, unfinished
-    for log in log_files(args.path, "a"):
-      for f in [log] if segment_number(log.parent) < 0 else [log.parent / "rlog.zst", log.parent / "qlog.zst"]:
-        if f.is_file() and unfinished(f):
-          problem = finalize(f, repair=True)
-          print(f"finalized {f}" + (f" ({problem})" if problem else ""))
-  counts: dict[str, int] = {}
-  t0 = t1 = None
-  lr = LogReader(args.path, args.mode)
-  for ev in lr:
-    counts[ev.which()] = counts.get(ev.which(), 0) + 1
-    t0, t1 = min(t0 or ev.logMonoTime, ev.logMonoTime), max(t1 or 0, ev.logMonoTime)
+  try:
+    lr = LogReader(args.path, args.mode)
+    if args.finalize: _finalize(lr.files)
+    counts: dict[str, int] = {}
+    t0 = t1 = None
+    for ev in lr:
+      counts[ev.which()] = counts.get(ev.which(), 0) + 1
+      t0, t1 = min(t0 or ev.logMonoTime, ev.logMonoTime), max(t1 or 0, ev.logMonoTime)
+  except (OSError, ValueError) as e:
+    print(f"python -m oproute: {e}", file=sys.stderr)
+    return 1
   for s, n in sorted(counts.items()): print(f"{s:24s} {n}")
   if t0 is not None: print(f"{sum(counts.values())} events over {(t1 - t0) / 1e9:.2f} s in {len(lr.files)} file(s)")
   return 1 if lr.warnings else 0

@@ -89,6 +89,7 @@ def test_sigkill_loses_at_most_the_last_moments(tmp_path):
     except zstd.ZstdError: return False
   unfinished = [seg / log for seg in segs for log in ("rlog.zst", "qlog.zst") if not one_shot(seg / log)]
   assert unfinished, "the segment open at the kill was left as the recorder writes it"
+  for f in unfinished: os.utime(f, (time.time() - 60,) * 2)   # a crash a minute ago (a log written to just now is left alone)
   r = subprocess.run([sys.executable, "-m", "oproute", "--finalize", route], cwd=ROOT, capture_output=True, text=True, timeout=60)
   assert r.returncode == 0 and all(f"finalized {f}" in r.stdout for f in unfinished), r.stdout + r.stderr
   for seg in segs:
@@ -166,7 +167,7 @@ def test_finalize_repairs_what_a_crash_left(tmp_path):
   header cut short, frames without their size ending in a partial message. Each becomes one zstd frame with its size
   (what one-shot readers need) holding the whole messages, and the damage is named; a closed log is left alone."""
   route, msgs = tmp_path / "r", [car(i) for i in range(3)]
-  for n in range(4): (route / f"r--{n}").mkdir(parents=True)
+  for n in range(5): (route / f"r--{n}").mkdir(parents=True)
   (route / "r--0" / LOG_NAME).write_bytes(b"")
   (route / "r--1" / LOG_NAME).write_bytes(zstd.ZstdCompressor().compress(msgs[0])[:3])
   with zstd.ZstdCompressor().stream_writer(open(route / "r--2" / LOG_NAME, "wb")) as w:
@@ -174,14 +175,19 @@ def test_finalize_repairs_what_a_crash_left(tmp_path):
     w.flush(zstd.FLUSH_FRAME)
     w.write(msgs[0][:20])
   write_log(route / "r--3" / LOG_NAME, msgs)
-  closed = (route / "r--3" / LOG_NAME).read_bytes()
+  write_log(route / "r--4" / LOG_NAME, msgs, close=False)   # still being recorded: written to just now
+  closed, recording = (route / "r--3" / LOG_NAME).read_bytes(), (route / "r--4" / LOG_NAME).read_bytes()
+  for n in range(4): os.utime(route / f"r--{n}" / LOG_NAME, (time.time() - 60,) * 2)
   r = subprocess.run([sys.executable, "-m", "oproute", "--finalize", route], cwd=ROOT, capture_output=True, text=True, timeout=60)
   assert r.returncode == 0, r.stderr
-  assert [l for l in r.stdout.splitlines() if l.startswith("finalized")] == [
+  assert [l for l in r.stdout.splitlines() if l.startswith(("finalized", "left"))] == [
     f"finalized {route / 'r--0' / LOG_NAME}", f"finalized {route / 'r--1' / LOG_NAME} (3 bytes of a partial message at the end dropped)",
-    f"finalized {route / 'r--2' / LOG_NAME} (20 bytes of a partial message at the end dropped)"], r.stdout
+    f"finalized {route / 'r--2' / LOG_NAME} (20 bytes of a partial message at the end dropped)"] + \
+    [l for l in r.stdout.splitlines() if l.startswith(f"left {route / 'r--4' / LOG_NAME} alone: written to ")], r.stdout
   assert [zstd.decompress((route / f"r--{n}" / LOG_NAME).read_bytes()) for n in range(3)] == [b"", b"", b"".join(msgs)]
-  assert (route / "r--3" / LOG_NAME).read_bytes() == closed
+  assert (route / "r--3" / LOG_NAME).read_bytes() == closed and (route / "r--4" / LOG_NAME).read_bytes() == recording
+  r = subprocess.run([sys.executable, "-m", "oproute", f"{route}/0:4:0"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+  assert r.returncode == 1 and r.stderr == f"python -m oproute: {route}/0:4:0: not a segment range (slice step cannot be zero)\n", r.stderr
 
 def test_split_messages_framing():
   msgs = [car(1), calib(2), car(3)]
