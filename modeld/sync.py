@@ -54,7 +54,7 @@ class FrameDrops:
   """update(frame_id) -> frames dropped before this one; frame_drop_perc is the filtered percentage."""
   def __init__(self):
     self.last_frame_id, self.runs, self.x, self.frame_drop_perc = None, 0, 0., 0.
-    self.alpha = DT / (DROP_FILTER_RC + DT)   # stepped once per frame the model runs on
+    self.alpha = DT / (DROP_FILTER_RC + DT)   # stepped once per main camera frame received
 
   def update(self, frame_id: int) -> int:
     dropped = 0 if self.last_frame_id is None else max(0, frame_id - self.last_frame_id - 1)

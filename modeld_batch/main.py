@@ -32,7 +32,8 @@ class RouteSummary:
   done: int = 0
   resumed: int = 0              # complete from an earlier run (--resume)
   frames: int = 0               # camera frames served (a tick's road, wide road and driver frames count once)
-  lost: int = 0                 # camera frames the segments could not serve (missing from the video, undecodable)
+  lost: int = 0                 # camera frames the segments could not serve (missing from the video, undecodable, or a
+                                #   road/wide frame whose partner is missing: lockstep serves them together)
   lost_why: dict[str, int] = field(default_factory=dict)   # reason -> frames
   invalid: int = 0              # frames with a modelV2 or driverStateV2 published valid = False
   bad_output: int = 0           # model runs whose outputs could not be parsed: skipped, nothing published
@@ -41,28 +42,22 @@ class RouteSummary:
   errors: list[str] = field(default_factory=list)
 
 def route_jobs(routes: list[str], out: Path) -> list[Job]:
-  """A job per segment of each route, named as openpilot names them: a route folder or a route name gives its name; a
-  segment folder its route's."""
-  from oproute import segment_dirs
-  from oproute.logreader import segment_number
+  """A job per segment of each route (a segment range after a route, as openpilot writes it, picks some: ROUTE/2:4),
+  named as openpilot names them: a route folder or a route name gives its name; a segment folder its route's."""
+  from oproute.logreader import route_name, route_segments, segment_number
   jobs = []
   for r in routes:
-    for seg in segment_dirs(r):
-      n = max(segment_number(seg), 0)
-      name = seg.name[:seg.name.rindex("--")] if segment_number(seg) >= 0 else seg.name
+    for seg in route_segments(r)[0]:
+      n, name = max(segment_number(seg), 0), route_name(seg)
       jobs.append(Job(name, n, str(seg), str(out / name / f"{name}--{n}")))
   if len({j.out for j in jobs}) != len(jobs): raise ValueError("two segments map to the same output (a route given twice?)")
   return jobs
 
 def manifests(artifacts: Path) -> dict:
   """Both families' artifacts as their manifests describe them (nothing loaded): what this machine checks before Ray."""
-  from modelrt.artifact import FAMILIES, MANIFEST, Artifact
-  try:
-    arts = {f: Artifact(artifacts / f, f, json.loads((artifacts / f / MANIFEST).read_text())) for f in FAMILIES}
-    for a in arts.values(): a.layouts, a.manifest["target"]["device"]   # what this machine reads of them
-  except (OSError, ValueError) as e: raise ValueError(f"{artifacts}: no readable artifact manifest ({e}); build it with modeld-compile") from None
-  except (KeyError, TypeError) as e: raise ValueError(f"{artifacts}: an artifact manifest without {e}; rebuild it with modeld-compile") from None
-  return arts
+  from modelrt.artifact import FAMILIES, ArtifactError, read_manifest
+  try: return {f: read_manifest(artifacts, f) for f in FAMILIES}
+  except ArtifactError as e: raise ValueError(str(e)) from None
 
 def check_layouts(jobs: list[Job], arts: dict) -> None:
   """Every route's cameras have a buffer layout in the artifacts: each camera's size from the first of its segments
@@ -102,22 +97,24 @@ def run(args) -> int:
   for j in jobs:
     summary[j.route].segments += 1
     if j.out in done: summary[j.route].resumed += 1
-  arts = manifests(args.artifacts)
-  device = args.device or arts["road"].manifest["target"]["device"]
-  check_layouts(todo, arts)
-  # workers run where Ray puts them: they get the artifact's tinygrad device from here, not from their node's default
   local = {} if args.address else {"num_cpus": args.workers or os.cpu_count() or 1, "include_dashboard": False}
-  t0, ray_s, workers, pending, queue, interrupted, t1 = time.monotonic(), 0., [], {}, list(todo), False, None
-  try:   # from Ray's start on: a Ctrl-C while it starts stops as cleanly as one during the segments
+  t0 = t_ray = time.monotonic()
+  ray_s, workers, pending, queue, interrupted, t1 = 0., [], {}, list(todo), False, None
+  try:   # from here on a Ctrl-C (checking the inputs, Ray starting, the segments) stops cleanly
+    arts = manifests(args.artifacts)
+    # workers run where Ray puts them: they get the artifact's tinygrad device from here, not from their node's default
+    device = args.device or arts["road"].manifest["target"]["device"]
+    check_layouts(todo, arts)
+    t_ray = time.monotonic()
     ray.init(address=args.address, log_to_driver=False, runtime_env={"env_vars": {"DEV": device}}, **local)
     n_workers = args.workers or int(ray.cluster_resources().get("CPU", 1))
-    print(f"ray: {'joined ' + args.address if args.address else 'local'}, {n_workers} workers in {(ray_s := time.monotonic() - t0):.1f} s", file=sys.stderr)
+    print(f"ray: {'joined ' + args.address if args.address else 'local'}, {n_workers} workers in {(ray_s := time.monotonic() - t_ray):.1f} s", file=sys.stderr)
     workers = [SegmentWorker.options(num_cpus=1, max_restarts=-1, max_task_retries=RETRIES).remote(str(args.artifacts))
                for _ in range(min(n_workers, len(todo)) or 1)]
     try: ray.get([w.pid.remote() for w in workers])   # started, artifacts loaded: what follows is the segments' time
     except ray.exceptions.RayError as e: sys.exit(f"modeld-batch: the workers could not start: {str(e).splitlines()[0][:300]}")
     t1 = time.monotonic()
-    print(f"workers ready (artifacts loaded) in {t1 - t0 - ray_s:.1f} s", file=sys.stderr)
+    print(f"workers ready (artifacts loaded) in {t1 - t_ray - ray_s:.1f} s", file=sys.stderr)
     with tqdm(total=len(jobs), initial=len(done), unit="segment", desc="modeld-batch", disable=args.quiet) as bar:
       idle = list(workers)
       while queue or pending:
@@ -146,7 +143,7 @@ def run(args) -> int:
     if interrupted:
       for tmp in out.glob("*/.*.tmp"): shutil.rmtree(tmp, ignore_errors=True)
   t1 = t1 or t2
-  report(summary, out, {"wall_s": time.monotonic() - t0, "ray_s": ray_s, "start_s": t1 - t0 - ray_s, "job_s": t2 - t1})
+  report(summary, out, {"wall_s": time.monotonic() - t0, "ray_s": ray_s, "start_s": max(t1 - t_ray - ray_s, 0.), "job_s": t2 - t1})
   return 130 if interrupted else 1 if any(s.errors for s in summary.values()) else 0
 
 def report(summary: dict[str, RouteSummary], out: Path, times: dict[str, float]) -> None:
@@ -195,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     return diff(ap.parse_args(argv[1:]))
   ap = argparse.ArgumentParser(prog="modeld-batch", description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("routes", nargs="+", metavar="ROUTE", help="route folders or names, or segment folders (what camerad --source reads)")
+  ap.add_argument("routes", nargs="+", metavar="ROUTE", help="route folders or names, or segment folders; a route may end in a segment "
+                  "range, as openpilot's identifiers do (ROUTE/2:4)")
   ap.add_argument("--artifacts", required=True, type=Path, help="artifact directory built by modeld-compile for the routes' camera layouts")
   ap.add_argument("--out", required=True, type=Path, help="output folder: OUT/<route>/<route>--<n>/rlog.zst and OUT/summary.json")
   ap.add_argument("--workers", type=int, metavar="N", help="workers (actors), one core each (default: one per core of this machine, "

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from tinygrad import Device
 from tinygrad.device import Buffer
 from tinygrad.uop.ops import UOp, Ops, ParamArg
-from modelrt.guard import GuardedJit, TensorSpec
+from modelrt.guard import GuardedJit, TensorSpec, is_count
 from modelrt.contracts import CONTRACTS, Contract, lookup
 
 FORMAT_VERSION = 2   # 2: the manifest names the models' I/O contract
@@ -148,8 +148,7 @@ def _load_verified(d: pathlib.Path, entry: dict, files: dict[str, str], rebuild:
 
 MODELS = {'road': ('vision', 'policy'), 'dm': ('dm',)}
 
-def _is_count(v: Any) -> bool: return type(v) is int and v >= 0
-def _is_pair(v: Any) -> bool: return isinstance(v, list) and len(v) == 2 and all(map(_is_count, v))
+def _is_pair(v: Any) -> bool: return isinstance(v, list) and len(v) == 2 and all(map(is_count, v))
 def _is_strs(v: Any) -> bool: return isinstance(v, list) and all(isinstance(x, str) for x in v)
 
 def _check_manifest(m: dict, family: str, bad: Callable[[str], ArtifactError]) -> None:
@@ -182,7 +181,7 @@ def _check_manifest(m: dict, family: str, bad: Callable[[str], ArtifactError]) -
       try: TensorSpec.from_json(spec)
       except ValueError as e: raise malformed(('jits', name, 'inputs', str(i)), f"an input spec ({e})") from None
   for model in MODELS[family]:
-    width = get('a shape (a list of sizes)', lambda v: isinstance(v, list) and v and all(map(_is_count, v)), 'jits', model, 'output', 'shape')[-1]
+    width = get('a shape (a list of sizes)', lambda v: isinstance(v, list) and v and all(map(is_count, v)), 'jits', model, 'output', 'shape')[-1]
     for k in get('{output name: [start, stop]}', lambda v: isinstance(v, dict), 'output_slices', model):
       get(f"[start, stop] within the output's {width} values", lambda v, w=width: _is_pair(v) and v[0] <= v[1] <= w, 'output_slices', model, k)
 
@@ -217,40 +216,49 @@ class Artifact:
 
 def warp_name(layout: str) -> str: return 'warp_' + layout.replace(':', '_')
 
-def load_artifact(path: str | os.PathLike, family: str, device: str | None = None) -> Artifact:
-  """Open DIR/<family> after checking its manifest (every field the runners read, and a road vision hidden_state of
-  the policy's feature width), that this machine can run it (format, tinygrad version, device, CPU features) and
-  that every file matches its sha256, then load the model JITs. Each pickle is hashed on the very bytes unpickled."""
+def read_manifest(path: str | os.PathLike, family: str) -> Artifact:
+  """DIR/<family> as its manifest describes it, nothing loaded and no file hashed: the manifest's format and family,
+  every field the runners read (and a road vision hidden_state of the policy's feature width), a contract this
+  version knows. What a machine that does not run the models checks (modeld-batch's driver); ArtifactError if not."""
   if family not in FAMILIES: raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
   d = pathlib.Path(path) / family
   try: m = json.loads((d / MANIFEST).read_text())
   except FileNotFoundError:
     raise ArtifactError(f"{d}: no {MANIFEST}; build the {family} artifact with modeld-compile --out {path} (see modeld-compile --help)") from None
   except (OSError, ValueError) as e: raise ArtifactError(f"{d / MANIFEST}: unreadable ({e}); rebuild it with modeld-compile") from None
-  rebuild = shlex.join(m['command']) if isinstance(m, dict) and _is_strs(m.get('command')) else 'modeld-compile (see --help)'
-  def bad(msg): return ArtifactError(f"{d}: {msg}. Rebuild with: {rebuild}")
+  bad = _complaint(d, m)
   if not isinstance(m, dict) or m.get('format') != FORMAT_VERSION:
     raise bad(f"format version {m.get('format') if isinstance(m, dict) else None!r}, this loader reads {FORMAT_VERSION}")
   if m.get('family') != family: raise bad(f"holds family {m.get('family')!r}, expected {family!r}")
   _check_manifest(m, family, bad)
+  if m['contract'] not in CONTRACTS[family]: raise bad(f"its models follow contract {m['contract']!r}, which this version does not know")
+  if family == 'road':   # the road runner feeds hidden_state back to the policy every frame: no other width can run
+    width = lookup(family, m['contract']).policy.inputs['features_buffer'].shape[-1]
+    start, stop = m['output_slices']['vision'].get('hidden_state', [0, 0])
+    if stop - start != width:
+      raise ArtifactError(f"{d}: vision output 'hidden_state': expected {width} values (the policy's features), got {stop - start}. "
+                          f"Rebuild with a vision model in openpilot's output layout: {_rebuild(m)}")
+  return Artifact(d, family, m)
+
+def _rebuild(m) -> str: return shlex.join(m['command']) if isinstance(m, dict) and _is_strs(m.get('command')) else 'modeld-compile (see --help)'
+def _complaint(d: pathlib.Path, m) -> Callable[[str], ArtifactError]: return lambda msg: ArtifactError(f"{d}: {msg}. Rebuild with: {_rebuild(m)}")
+
+def load_artifact(path: str | os.PathLike, family: str, device: str | None = None) -> Artifact:
+  """Open DIR/<family>: its manifest checked (read_manifest), then that this machine can run it (tinygrad version,
+  device, CPU features) and that every file matches its sha256, then the model JITs loaded. Each pickle is hashed on
+  the very bytes unpickled."""
+  art = read_manifest(path, family)
+  d, m, bad = art.dir, art.manifest, _complaint(art.dir, art.manifest)
   if m['tinygrad'] != (tv := tinygrad_version()): raise bad(f"built with tinygrad {m['tinygrad']}, this is tinygrad {tv}")
   here = target(device or Device.DEFAULT)
   if m['target']['device'] != here['device']: raise bad(f"built for device {m['target']['device']}, this process uses {here['device']}")
   if m['target']['arch'] != here['arch']: raise bad(f"built for {here['device']} arch {m['target']['arch']}, this one is {here['arch']}")
   if missing := sorted(set(m['target']['cpu_features']) - set(here['cpu_features'])):
     raise bad(f"compiled for CPU instruction-set features this machine lacks: {' '.join(missing)}")
-  if m['contract'] not in CONTRACTS[family]: raise bad(f"its models follow contract {m['contract']!r}, which this version does not know")
   model_files = {m['jits'][k][f] for k in MODELS[family] for f in ('file', 'weights')}
   for fn, digest in m['files'].items():
     if not (d / fn).is_file(): raise bad(f"{fn} is missing")
     if fn not in model_files and sha256_file(d / fn) != digest: raise bad(f"{fn} does not match its sha256 in the manifest")
-  if family == 'road':   # the road runner feeds hidden_state back to the policy every frame: no other width can run
-    width = lookup(family, m['contract']).policy.inputs['features_buffer'].shape[-1]
-    start, stop = m['output_slices']['vision'].get('hidden_state', [0, 0])
-    if stop - start != width:
-      raise ArtifactError(f"{d}: vision output 'hidden_state': expected {width} values (the policy's features), got {stop - start}. "
-                          f"Rebuild with a vision model in openpilot's output layout: {rebuild}")
-  art = Artifact(d, family, m)
   art.models = {k: art.load_jit(k) for k in MODELS[family]}
   return art
 

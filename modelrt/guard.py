@@ -41,14 +41,15 @@ class TensorSpec:
     keys = {f.name: f.default is MISSING for f in fields(cls)}
     if not isinstance(d, dict) or not {k for k, required in keys.items() if required} <= d.keys() <= keys.keys():
       raise ValueError(f"expected an object with {', '.join(keys)} (layout optional), got {d!r}")
-    def count(v) -> bool: return type(v) is int and v >= 0
     for k, ok, what in (('name', isinstance(d['name'], str), 'a string'), ('device', isinstance(d['device'], str), 'a string'),
                         ('dtype', isinstance(d['dtype'], str) and d['dtype'] in _DTYPE_NAMES, 'a numpy dtype name tinygrad has'),
-                        ('nbytes', count(d['nbytes']), 'a byte count'),
-                        ('shape', isinstance(d['shape'], (list, tuple)) and all(map(count, d['shape'])), 'a list of sizes'),
+                        ('nbytes', is_count(d['nbytes']), 'a byte count'),
+                        ('shape', isinstance(d['shape'], (list, tuple)) and all(map(is_count, d['shape'])), 'a list of sizes'),
                         ('layout', d.get('layout') is None or isinstance(d['layout'], str), 'a camera layout or null')):
       if not ok: raise ValueError(f"{k}: expected {what}, got {d[k]!r}")
     return cls(**{**d, 'shape': tuple(d['shape'])})
+
+def is_count(v) -> bool: return type(v) is int and v >= 0   # a size or offset read from a manifest (bool is no int here)
 
 _DTYPE_NAMES = {np.dtype(t).name for t in np.sctypeDict.values()} & DTYPES_DICT.keys()   # what tg_dtype can convert
 

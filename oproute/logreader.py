@@ -143,16 +143,21 @@ def select_segments(segs: list[Path], sl: str, where: Path) -> list[Path]:
     raise FileNotFoundError(f"{where}/{sl}: no segment(s) {', '.join(map(str, missing))} (the route has {', '.join(map(str, sorted(by_n)))})")
   return [by_n[n] for n in wanted]
 
+def route_segments(identifier: str | Path) -> tuple[list[Path], str | None]:
+  """The segment folders a route, a segment or an identifier with a segment range names, and the mode it carries."""
+  p, sl, mode = parse_identifier(identifier)
+  if not p.exists() and not p.parent.is_dir(): raise FileNotFoundError(f"{p}: no such log, segment or route")
+  segs = segment_dirs(p)
+  return (select_segments(segs, sl, p) if sl else segs), mode
+
 def log_files(identifier: str | Path | list, mode: str = "r") -> list[Path]:
   """The log files of log files, segments and routes, in order (a segment without the mode's log is an error). A route
   may carry a segment range and a mode, as openpilot's identifiers do: `ROUTE/2:4/q`."""
   if isinstance(identifier, (list, tuple)): return [f for i in identifier for f in log_files(i, mode)]
-  p, sl, sel = parse_identifier(identifier)
+  if (p := Path(identifier)).is_file(): return [p]
+  segs, sel = route_segments(identifier)
   mode = sel or mode
-  if p.is_file(): return [p]
-  if not p.exists() and not p.parent.is_dir(): raise FileNotFoundError(f"{p}: no such log, segment or route")
-  segs = segment_dirs(p)
-  files = [(d, segment_log(d, mode)) for d in (select_segments(segs, sl, p) if sl else segs)]
+  files = [(d, segment_log(d, mode)) for d in segs]
   if missing := [d.name for d, f in files if f is None]:
     raise FileNotFoundError(f"{p}: no {'/'.join(LOG_NAMES[mode])} in segment(s) {', '.join(missing)} "
                             f"(mode {mode!r}; 'a' falls back to the qlog)" if mode in "rq" else f"{p}: no log in segment(s) {', '.join(missing)}")

@@ -138,6 +138,13 @@ def test_outputs_that_cannot_be_parsed_are_counted(routes, tmp_path):
   assert (s["done"], s["frames"], s["bad_output"], s["errors"]) == (2, 2 * FRAMES, 2 * FRAMES, []), s
   assert not messages(tmp_path / "out" / "a" / "a--0")["driverStateV2"] and messages(tmp_path / "out" / "a" / "a--0")["modelV2"]
 
+def test_a_segment_range_after_a_route_picks_its_segments(routes, tiny_artifacts, tmp_path):
+  """ROUTE/-1, as openpilot names a route's last segment: that segment alone is run, under its own name."""
+  r = batch(f"{routes[1]}/-1", "--artifacts", tiny_artifacts, "--out", tmp_path / "out")
+  assert r.returncode == 0, r.stderr
+  (s,) = json.loads((tmp_path / "out" / "summary.json").read_text())["routes"]
+  assert (s["route"], s["segments"], s["done"], s["frames"]) == ("b", 1, 1, FRAMES) and os.listdir(tmp_path / "out" / "b") == ["b--1"], s
+
 def test_killed_worker_is_retried_with_identical_results(scene, tiny_artifacts, tmp_path):
   """A worker SIGKILLed in the middle of a segment: Ray restarts it and runs the segment again; no partial output is
   left, and every output equals that of a run without the kill."""
@@ -235,10 +242,13 @@ def test_diff_reports_what_it_cannot_compare(routes, tiny_artifacts, tmp_path):
 def test_artifacts_for_other_cameras_are_refused_before_ray_starts(routes, tiny_artifacts, tmp_path):
   """Artifacts with no layout of a route's camera size: exit 1 before Ray starts, naming the camera, its size, the
   artifact's layouts and the command that adds one (the check reads the manifests alone)."""
+  from modelrt.artifact import warp_name
   arts = tmp_path / "arts"
-  for family, layouts in (("road", None), ("dm", [str(UNSERVED_LAYOUT)])):
+  for family in ("road", "dm"):
     manifest = json.loads((tiny_artifacts / family / "manifest.json").read_text())
-    manifest["layouts"] = layouts or manifest["layouts"]
+    if family == "dm":   # built for another camera size alone: its warp under that layout's name
+      manifest["jits"][warp_name(str(UNSERVED_LAYOUT))] = manifest["jits"].pop(warp_name(manifest["layouts"][0]))
+      manifest["layouts"] = [str(UNSERVED_LAYOUT)]
     (arts / family).mkdir(parents=True)
     (arts / family / "manifest.json").write_text(json.dumps(manifest))
   r = batch(routes[0], "--artifacts", arts, "--out", tmp_path / "out", timeout=60)
