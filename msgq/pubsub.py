@@ -227,18 +227,20 @@ class SubSocket:
     # connection for good. It is kept at 4x, only to bound the memory a foreign publisher can make us queue.
     s = context.context.socket(zmq.SUB)
     s.setsockopt(zmq.LINGER, 0)
-    s.setsockopt(zmq.RCVHWM, 1 if conflate else queue_len(max_size))
+    s.setsockopt(zmq.RCVHWM, queue_len(max_size))
     s.setsockopt(zmq.MAXMSGSIZE, max(4 * max_size, len(WELCOME)))
     s.setsockopt(zmq.RECONNECT_IVL, 20)
     s.setsockopt(zmq.RECONNECT_IVL_MAX, int(RECONNECT_IVL_MAX_S * 1000))
-    if conflate: s.setsockopt(zmq.CONFLATE, 1)
+    # conflate: receive() drains the queue for its newest message. Not libzmq's ZMQ_CONFLATE, whose one-message pipe
+    # has been seen to leave a frame unread by a blocking receive until the next one came (a lockstep camera then
+    # waits forever for the answer to it)
     s.setsockopt(zmq.SUBSCRIBE, b"")
     local = is_local(address)
     path = _ipc_path(endpoint)
     s.connect(("ipc://" + path) if local else f"tcp://{address}:{tcp_port(endpoint)}")
     self.sock = s
     if local and _publisher_alive(path) and wait > 0 and s.poll(int(wait * 1000)):
-      self._pending = self._recv()   # the welcome; or, with conflate, a message that replaced it: keep that
+      self._pending = self._recv()   # the welcome (skipped), or a first message: keep that
 
   def _recv(self, timeout: int = 0) -> bytes | None:
     """The next message, skipping welcomes and refused ones; waits up to timeout ms (0: not at all, -1: forever).
@@ -258,12 +260,12 @@ class SubSocket:
     self.timeout = timeout
 
   def receive(self, non_blocking: bool = False) -> bytes | None:
-    """The next message; None if non_blocking and nothing is queued, or after the timeout (ms)."""
-    if (msg := self._pending) is not None:   # read ahead by connect() or a Poller; with conflate, a newer one wins
-      self._pending = None
-      if self.conflate and (newer := self._recv()) is not None: return newer
-      return msg
-    return self._recv(0 if non_blocking else -1 if self.timeout is None or self.timeout < 0 else self.timeout)
+    """The next message (with conflate, the newest queued); None if non_blocking and nothing is queued, or after the
+    timeout (ms)."""
+    msg, self._pending = self._pending, None   # read ahead by connect() or a Poller
+    if msg is None: msg = self._recv(0 if non_blocking else -1 if self.timeout is None or self.timeout < 0 else self.timeout)
+    while self.conflate and msg is not None and (newer := self._recv()) is not None: msg = newer
+    return msg
 
   def close(self) -> None:
     if self.sock is not None: self.sock.close(0); self.sock = None
