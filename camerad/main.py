@@ -159,6 +159,8 @@ class FrameWriter:
     self.source, self.lockstep, self.clock = source, lockstep, SourceClock(source.fps) if lockstep else None
     self.last: dict[int, int] = {}   # each stream's last frame id
     self.offset: int | None = None   # this pass's frame id less the source's index
+    pair = set(road_streams(source.streams) or ())
+    self.pair = pair if lockstep and len(pair) == 2 else set()   # road and wide, both served: in lockstep, only together
 
   def new_pass(self) -> None:
     self.offset = None
@@ -173,11 +175,9 @@ class FrameWriter:
         tick.frames[s](out, layout)
         written.append(s)
       except ValueError as e: self.source.skipped[f"{CAMERA_OF[s]}: {e}"] += 1
-    pair = set(road_streams(self.source.streams) or ())
-    if self.lockstep and len(pair) == 2 and len(alone := pair & set(written)) == 1:
-      # modeld runs a road frame only with its wide one: served alone, it would never be answered
+    if len(alone := self.pair & set(written)) == 1:   # modeld runs a road frame only with its wide one: alone, it would never be answered
       written.remove(s := alone.pop())
-      self.source.skipped[f"{CAMERA_OF[s]}: frame without its {CAMERA_OF[(pair - {s}).pop()]} frame (lockstep serves them together)"] += 1
+      self.source.skipped[f"{CAMERA_OF[s]}: frame without its {CAMERA_OF[(self.pair - {s}).pop()]} frame (lockstep serves them together)"] += 1
     eof = time.monotonic_ns()
     ids = {s: self.last[s] + 1 if self.lockstep and s in self.last else tick.index + self.offset for s in written}
     self.last.update(ids)
