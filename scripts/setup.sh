@@ -4,6 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
+  echo "setup: Python 3.11 or newer is needed (python3 is $(python3 -V 2>&1)): Debian 12, Ubuntu 24.04 or later" >&2; exit 1; }
+
 need=()
 command -v clang >/dev/null || need+=(clang)            # tinygrad's CPU backend compiles with clang
 python3 -c 'import ensurepip' 2>/dev/null || need+=(python3-venv)
