@@ -30,7 +30,7 @@ class DriverModel(FrameModel):
   def inputs(self, buf) -> dict:
     from modelrt.geometry import dm_warp_matrix
     from modelrt.calibration import sensor_name, camera_for
-    sensor = sensor_name(str(self.sm['driverCameraState'].sensor), self.sensor)
+    sensor = sensor_name(str(self.sm['driverCameraState'].sensor), self.sensor, (buf.width, buf.height))
     if self.geometry != (g := (sensor, buf.width, buf.height)):
       self.geometry, self.transform = g, dm_warp_matrix(camera_for(sensor, 'driver', buf.width, buf.height))
       self.log.info("camera sensor %s", sensor)

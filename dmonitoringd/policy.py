@@ -1,8 +1,8 @@
 """Driver monitoring policy: parsed driver-model outputs (+ carState) -> driverMonitoringState, openpilot's logic simplified.
 
 - Side: the driver sits on the side of `isRHD`, openpilot's rule: wheelOnRightProb is averaged (a running mean of every
-  sample) over the frames with a face on either side while driving faster than WHEELPOS_CALIB_MIN_SPEED; once more
-  than WHEELPOS_MIN_COUNT such frames (15 s) were seen, isRHD is that mean above WHEELPOS_THRESHOLD, before that LHD.
+  sample) over the frames with a face on either side while driving faster than WHEELPOS_CALIB_MIN_SPEED; once
+  WHEELPOS_MIN_COUNT such frames (15 s) were seen, isRHD is that mean above WHEELPOS_THRESHOLD, before that LHD.
 - Face detected: faceProb of the driver's side above FACE_THRESHOLD. Confident (isLowStd): the pose std is small.
 - Distracted (distractedType bits): 1 pose (pitch or yaw beyond a threshold around the learned natural offset),
   2 eyes (both eyes closed: blink probability, weighted by eye visibility, without sunglasses), 4 phone.
@@ -68,7 +68,7 @@ class DriverMonitoring:
     s = self.s
     if v_ego > s.WHEELPOS_CALIB_MIN_SPEED and max(dm['lhd']['face_prob'], dm['rhd']['face_prob']) > s.FACE_THRESHOLD:
       self.wheelpos.update(dm['wheel_on_right_prob'])
-    self.rhd_checked = self.wheelpos.n > s.WHEELPOS_MIN_COUNT   # openpilot decides after more than that many
+    self.rhd_checked = self.wheelpos.n >= s.WHEELPOS_MIN_COUNT   # decided once that many samples are in, as openpilot
     if self.rhd_checked: self.is_rhd = self.wheelpos.x > s.WHEELPOS_THRESHOLD
     d = dm['rhd' if self.is_rhd else 'lhd']
     face = d['face_prob'] > s.FACE_THRESHOLD

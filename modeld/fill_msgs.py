@@ -113,7 +113,7 @@ def hard_brake_predicted(state: PublishState, meta: dict, thresholds: dict[str, 
   for k, th in thresholds.items():
     q = state.hard_brake.setdefault(k, np.zeros(len(th), np.float32))
     q[:-1], q[-1] = q[1:], meta[k][0]
-  return all(bool((state.hard_brake[k] > np.array(th)).all()) for k, th in thresholds.items())
+  return all(bool((state.hard_brake[k] > np.array(th, np.float32)).all()) for k, th in thresholds.items())
 
 def update_confidence(state: PublishState, meta: dict, frame_id: int, thresholds: tuple[float, float]) -> str:
   """openpilot's red/yellow/green: every 2 s, the chance of any disengagement in each 2 s step is pushed into a
@@ -124,7 +124,9 @@ def update_confidence(state: PublishState, meta: dict, frame_id: int, thresholds
     buf = state.disengage_buffer
     buf[:-DISENGAGE_WIDTH] = buf[DISENGAGE_WIDTH:]
     buf[-DISENGAGE_WIDTH:] = ind
-  score = sum(state.disengage_buffer[i * DISENGAGE_WIDTH + DISENGAGE_WIDTH - 1 - i] for i in range(DISENGAGE_WIDTH)) / DISENGAGE_WIDTH
+  # summed in float64 term by term, as openpilot does: a float32 sum can land on the other side of a threshold
+  score = 0.
+  for i in range(DISENGAGE_WIDTH): score += float(state.disengage_buffer[i * DISENGAGE_WIDTH + DISENGAGE_WIDTH - 1 - i]) / DISENGAGE_WIDTH
   return 'green' if score < thresholds[0] else 'yellow' if score < thresholds[1] else 'red'
 
 def fill_model_msgs(out: dict, info: FrameInfo, action: Action, path: np.ndarray, state: PublishState, contract: RoadContract,

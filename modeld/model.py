@@ -9,6 +9,7 @@ filled from them as openpilot does. Outputs are valid once a good calibration ar
 action and path fit their Float32 fields.
 """
 from __future__ import annotations
+import time
 import numpy as np
 from modeld_common.daemon import FrameModel, FrameRun
 
@@ -36,7 +37,7 @@ class RoadModel(FrameModel):
     from msgq.visionipc import WIDE_ROAD
     from modelrt.geometry import road_warp_matrix
     from modelrt.calibration import sensor_name, camera_for
-    sensor = sensor_name(str(self.sm[self.state_name].sensor), self.sensor)
+    sensor = sensor_name(str(self.sm[self.state_name].sensor), self.sensor, (main.width, main.height))
     geometry = (tuple(self.calib.rpy), sensor, str(main.layout), str(extra.layout))
     if geometry == self.geometry: return
     if self.geometry is None or geometry[1] != self.geometry[1]: self.log.info("camera sensor %s", sensor)
@@ -61,9 +62,10 @@ class RoadModel(FrameModel):
   def messages(self, outputs: dict, run: FrameRun, valid: bool) -> list:
     from modeld.parse import parse_outputs
     from modeld.desire import Desire
-    from modeld.fill_msgs import FrameInfo, fill_model_msgs, fits_float32, get_action, action_times, path_coefficients
+    from modeld.fill_msgs import Action, FrameInfo, fill_model_msgs, fits_float32, get_action, action_times, path_coefficients
     main, extra = run.frames
     parsed = parse_outputs(outputs, self.contract)
+    execution_time = time.perf_counter() - run.t0   # through the parsing, as openpilot times its model run
     cs = self.sm['carState']
     v_ego = max(float(cs.vEgo), 0.) if np.isfinite(cs.vEgo) else 0.
     prev = self.publish_state.prev_action
@@ -78,8 +80,10 @@ class RoadModel(FrameModel):
     lane_change_prob = float(parsed['desire_state'][Desire.laneChangeLeft] + parsed['desire_state'][Desire.laneChangeRight])
     self.desire.update(cs, self.sm['carControl'].latActive, lane_change_prob)
     frame_age = max(0, self.sm[self.state_name].frameId - main.frame_id)
-    info = FrameInfo(main.frame_id, extra.frame_id, frame_age, self.drops.frame_drop_perc, main.timestamp_eof, run.run_time, valid=valid,
+    info = FrameInfo(main.frame_id, extra.frame_id, frame_age, self.drops.frame_drop_perc, main.timestamp_eof, execution_time, valid=valid,
                      lane_change_state=self.desire.lane_change_state, lane_change_direction=self.desire.lane_change_direction)
     msgs = fill_model_msgs(parsed, info, action, path, self.publish_state, self.contract, run.out.raw if self.raw_predictions else None)
-    if run.out.finite and fits: self.publish_state.prev_action = action
+    # the next frame smooths from the action as published (Float32 fields), as openpilot does reading its last message
+    if run.out.finite and fits:
+      self.publish_state.prev_action = Action(float(np.float32(action.desiredCurvature)), float(np.float32(action.desiredAcceleration)), action.shouldStop)
     return list(zip(self.PUBLISHES, msgs))

@@ -164,7 +164,7 @@ def draw_driver(p: Painter, m: FrameMsgs, cam: CameraConfig) -> None:
 def render(rgb: np.ndarray, m: FrameMsgs, camera: str) -> Image.Image:
   """The frame with m's outputs drawn on it."""
   img = Image.fromarray(rgb)
-  cam = camera_for(sensor_name(m.sensor, None), camera, img.width, img.height, m.cam)   # the daemons' geometry
+  cam = camera_for(sensor_name(m.sensor, None, (img.width, img.height)), camera, img.width, img.height, m.cam)   # the daemons' geometry
   p = Painter(img)
   if camera == 'driver':
     if m.driver is not None: draw_driver(p, m, cam)

@@ -34,10 +34,13 @@ class Calibration:
     changed, self.rpy, self.seen, self.valid = not np.array_equal(new, self.rpy), new, True, True
     return changed
 
-def sensor_name(msg_sensor: str, override: str | None) -> str:
-  """The camera sensor: the CLI override, else the camera-state message's, else DEFAULT_SENSOR."""
+def sensor_name(msg_sensor: str, override: str | None, size: tuple[int, int] | None = None) -> str:
+  """The camera sensor: the CLI override, else the camera-state message's, else the first sensor whose cameras have
+  the stream's size (width, height), else DEFAULT_SENSOR. By size, as openpilot's driver model picks its geometry:
+  a 1344x760 stream before its first camera-state message is the os04c10's, not a scaled ar0231."""
   if override: return override
-  return msg_sensor if msg_sensor in SENSORS else DEFAULT_SENSOR
+  if msg_sensor in SENSORS: return msg_sensor
+  return next((s for s, cams in SENSORS.items() if size and (cams['road'].width, cams['road'].height) == tuple(size)), DEFAULT_SENSOR)
 
 def camera_for(sensor: str, camera: str, width: int, height: int, base: CameraConfig | None = None) -> CameraConfig:
   """The camera geometry of a stream of width x height: `base` (a scene's own camera), else the sensor's. A stream

@@ -43,8 +43,9 @@ def _intrinsics(fl: float, cx: float, cy: float) -> np.ndarray: return np.array(
 # model frames, 512x256 (the packed 6x128x256 input is this frame subsampled): road ("medmodel"), wide ("sbigmodel")
 MEDMODEL_INTRINSICS = _intrinsics(910.0, 256.0, 47.6)
 SBIGMODEL_INTRINSICS = _intrinsics(455.0, 256.0, 151.8)
-# driver model input (1440x960): the field of the 567-px driver camera at full scale, centred
-DM_INTRINSICS = _intrinsics(567.0, DM_WIDTH / 2, DM_HEIGHT / 2)
+# driver model input (1440x960): the 567-px driver camera at full scale, centred across and the bottom 960 of its
+# 1208 rows down (openpilot's principal point (720, 356)), where the driver's face and body are
+DM_INTRINSICS = _intrinsics(567.0, DM_WIDTH / 2, DM_HEIGHT / 2 - (1208 - DM_HEIGHT) / 2)
 
 def rot_from_euler(rpy) -> np.ndarray:
   """Rz(yaw) @ Ry(pitch) @ Rx(roll): roll about x, then pitch about y, then yaw about z (extrinsic)."""
@@ -65,8 +66,9 @@ def road_warp_matrix(rpy, cam: CameraConfig, wide: bool = False) -> np.ndarray:
   return (camera_from_calib(rpy, cam) @ np.linalg.inv(model_from_calib)).astype(np.float32)
 
 def dm_warp_matrix(cam: CameraConfig) -> np.ndarray:
-  """3x3 float32, driver model pixel (1440x960) -> driver camera pixel: a crop centred on the principal point,
-  scaled by cam.focal_length / 567 so every sensor shows the model the field of the 567-px driver camera.
-  For 1928x1208 at fl 567 it is the translation ((1928-1440)/2, (1208-960)/2). Calibration does not enter:
-  the driver model takes rpyCalib as its own input."""
+  """3x3 float32, driver model pixel (1440x960) -> driver camera pixel: the crop of DM_INTRINSICS, scaled by
+  cam.focal_length / 567 so every sensor shows the model the field of the 567-px driver camera. For 1928x1208 at
+  fl 567 it is the translation ((1928-1440)/2, 1208-960): the bottom rows. A smaller sensor's field (os04c10's 1344x760)
+  ends above the model frame's last rows; dm_warp fills those. Calibration does not enter: the driver model takes
+  rpyCalib as its own input."""
   return (cam.intrinsics.astype(np.float64) @ np.linalg.inv(DM_INTRINSICS)).astype(np.float32)

@@ -55,23 +55,23 @@ def test_distraction_types_and_awareness():
 
 def test_rhd_from_the_running_mean_while_driving_with_a_face():
   """openpilot's rule: wheelOnRightProb counts only above WHEELPOS_CALIB_MIN_SPEED (11 m/s) with a face on either side;
-  after more than WHEELPOS_MIN_COUNT such frames isRHD is their plain mean above 0.5, no hysteresis, LHD until then."""
+  once WHEELPOS_MIN_COUNT such frames are in isRHD is their plain mean above 0.5, no hysteresis, LHD until then."""
   dm = DriverMonitoring(Settings(WHEELPOS_MIN_COUNT=20))
   right = _dm(_side(face=0.05), _side(), wheel_on_right=0.95)
   for _ in range(40): s = dm.update(right, 11.)                                           # not faster than 11 m/s
   for _ in range(40): s = dm.update(_dm(_side(face=0.1), _side(face=0.1), 0.95), 20.)   # no face
   assert dm.wheelpos.n == 0 and not dm.rhd_checked and not s['isRHD']
-  for _ in range(20): s = dm.update(right, 20.)
+  for _ in range(19): s = dm.update(right, 20.)
   assert not dm.rhd_checked and not s['isRHD'] and not s['faceDetected']   # not enough frames yet: LHD, whose driver is not seen
   s = dm.update(right, 20.)
   assert dm.rhd_checked and s['isRHD'] and s['faceDetected']   # now the right side's driver data is used
   left = _dm(_side(), _side(), 0.2)
   for _ in range(40): s = dm.update(left, 5.)   # too slow: not counted
   assert s['isRHD']
-  for _ in range(31): s = dm.update(left, 20.)   # the mean of 21 x 0.95 and 31 x 0.2: 0.503
+  for _ in range(29): s = dm.update(left, 20.)   # the mean of 20 x 0.95 and 29 x 0.2: 0.506
   assert s['isRHD']
-  for _ in range(2): s = dm.update(left, 20.)    # and 33 x 0.2: 0.492
-  assert not s['isRHD'] and dm.wheelpos.x == pytest.approx((21 * 0.95 + 33 * 0.2) / 54)
+  for _ in range(2): s = dm.update(left, 20.)    # and 31 x 0.2: 0.494
+  assert not s['isRHD'] and dm.wheelpos.x == pytest.approx((20 * 0.95 + 31 * 0.2) / 51)
 
 def test_pose_offsets_learned_while_driving():
   st = Settings(POSE_OFFSET_MIN_COUNT=50, POSE_OFFSET_TAU=0.5)

@@ -13,7 +13,8 @@ from modelrt.constants import T_IDXS
 from modelrt.contracts import ROAD_V0_11_1
 from modeld.sync import FrameSync, FrameDrops
 from modeld.desire import DesireHelper, Desire
-from modeld.fill_msgs import Action, FrameInfo, PublishState, action_times, fill_model_msgs, fits_float32, get_action, path_coefficients
+from modeld.fill_msgs import (Action, FrameInfo, PublishState, action_times, fill_model_msgs, fits_float32, get_action, path_coefficients,
+                              hard_brake_predicted, update_confidence)
 from modeld.model import RoadModel
 from modeld_common.daemon import EX_CONFIG, FrameRun
 from modeld_service import Stats
@@ -96,6 +97,8 @@ def test_calibration_and_camera_geometry():
   assert cal.errors == 4 and not cal.update([0., 0.02, -0.01]) and cal.valid
   with pytest.raises(CalibrationError, match=r'expected 3 finite angles .* got \[nan, 0.0, 0.0\]'): check_rpy([float('nan'), 0, 0])
   assert [sensor_name(m, o) for m, o in (('unknown', None), ('os04c10', None), ('os04c10', 'ar0231'))] == ['ar0231', 'os04c10', 'ar0231']
+  # no sensor named yet: the one whose cameras have the stream's size
+  assert [sensor_name('unknown', None, size) for size in ((1344, 760), (1928, 1208), (964, 604))] == ['os04c10', 'ar0231', 'ar0231']
   half = camera_for('ar0231', 'road', 964, 604)
   assert (half.width, half.height, half.focal_length) == (964, 604, 2648 / 2)   # a scaled stream keeps the field of view
   assert camera_for('ar0231', 'wide', 1928, 1208).focal_length == 567
@@ -156,6 +159,21 @@ def test_action_from_plan():
   assert math.isclose(a.desiredAcceleration, -2., rel_tol=1e-3)
   one = action(plan, Action(), 20.)   # smoothed with tau 0.3 s over a 0.05 s step
   assert math.isclose(one.desiredAcceleration, -2 * (1 - math.exp(-0.05 / 0.3)), rel_tol=1e-5)
+
+def test_hard_brake_and_confidence_compare_in_openpilot_precision():
+  # hardBrakePredicted: float32 probabilities against float32 thresholds; float32(0.15) is not above float32(0.15),
+  # though it is above the float64 0.15
+  state, th = PublishState(), ROAD_V0_11_1.hard_brake
+  meta = {'brake5MetersPerSecondSquaredProbs': np.full(6, 0.15, np.float32), 'brake3MetersPerSecondSquaredProbs': np.full(6, 0.9, np.float32)}
+  assert not any(hard_brake_predicted(state, meta, th) for _ in range(5))
+  meta['brake5MetersPerSecondSquaredProbs'][0] = np.nextafter(np.float32(0.15), np.float32(1))
+  assert [hard_brake_predicted(state, meta, th) for _ in range(3)] == [False, False, True]   # the last three need 0.15
+  # confidence: the score is summed in float64, term by term; these five float32 terms sum to the green threshold
+  # in float32 (yellow) but to just under it in float64 (green)
+  terms = np.array([0.005538300145417452, 0.020287971943616867, 0.01338605210185051, 0.008199721574783325, 0.01083795353770256], np.float32)
+  assert sum(terms) / 5 == np.float32(ROAD_V0_11_1.confidence[0])
+  state.disengage_buffer[[i * 5 + 4 - i for i in range(5)]] = terms
+  assert update_confidence(state, {}, 1, ROAD_V0_11_1.confidence) == 'green'
 
 def test_action_times_shorter_than_the_stable_delay_read_the_plan_at_it():
   plan = _plan(20., 0.)

@@ -7,7 +7,7 @@ from tinygrad import Tensor, TinyJit, dtypes
 from tinygrad.uop.ops import Ops
 from modelrt.constants import MODEL_WIDTH, MODEL_HEIGHT, IMG_QUEUE_LEN, IMG_CHANNELS, IMG_INPUT_SHAPE, DM_WIDTH, DM_HEIGHT
 from modelrt.geometry import camera_config, camera_from_calib, road_warp_matrix, dm_warp_matrix, MEDMODEL_INTRINSICS, CameraConfig
-from modelrt.warp import road_warp, dm_warp, road_warp_np, dm_warp_np, update_img_queue, UV_SCALE, PACKED_SHAPE
+from modelrt.warp import road_warp, dm_warp, road_warp_np, dm_warp_np, update_img_queue, UV_SCALE, PACKED_SHAPE, DM_BORDER_FILL
 from msgq.visionipc.layout import NV12Layout
 
 RPY = (0.02, -0.035, 0.015)
@@ -114,15 +114,23 @@ def test_driver_warp(aligned_frame):
   layout, buf = aligned_frame
   out = dm_warp(Tensor(buf), Tensor(dm_warp_matrix(camera_config('ox03c10', 'driver'))), layout).numpy()
   assert out.shape == (1, DM_WIDTH * DM_HEIGHT) and (out != PAD).all()
-  np.testing.assert_array_equal(out.reshape(DM_HEIGHT, DM_WIDTH), planes(buf, layout)[0][124:124 + 960, 244:244 + 1440])
-  # another sensor (scaled crop) in a padded layout
+  np.testing.assert_array_equal(out.reshape(DM_HEIGHT, DM_WIDTH), planes(buf, layout)[0][248:248 + 960, 244:244 + 1440])   # the bottom rows
+
+def test_driver_warp_of_a_scaled_sensor():
+  """os04c10 (1344x760, fl 425.25) in a padded layout: model pixel (x, y) -> (0.75 x + 132, 0.75 y + 113), whose exact
+  halves round to even, and the rows past the camera's last read DM_BORDER_FILL, as openpilot's driver warp."""
   cam = camera_config('os04c10', 'driver')
   layout = NV12Layout(cam.width, cam.height, cam.width + 128, (cam.width + 128) * cam.height + 256, (cam.width + 128) * cam.height * 3 // 2 + 512)
   buf, M = make_frame(layout, seed=3), dm_warp_matrix(cam)
-  out, ref = dm_warp(Tensor(buf), Tensor(M), layout).numpy(), dm_warp_np(buf, M, layout)
-  assert (out != PAD).all()
-  diff = (out != ref).reshape(DM_HEIGHT, DM_WIDTH)
-  assert not (diff & ~near_tie(M.astype(np.float64), DM_WIDTH, DM_HEIGHT)).any()
+  np.testing.assert_allclose(M, [[.75, 0, 132], [0, .75, 113], [0, 0, 1]])
+  out = dm_warp(Tensor(buf), Tensor(M), layout).numpy()
+  np.testing.assert_array_equal(out, dm_warp_np(buf, M, layout))
+  xs, ys = np.round(0.75 * np.arange(DM_WIDTH) + 132).astype(int), np.round(0.75 * np.arange(DM_HEIGHT) + 113).astype(int)
+  assert np.count_nonzero((0.75 * np.arange(DM_WIDTH) + 132) % 1 == 0.5) == DM_WIDTH // 4   # ties: every 4th column
+  expected = np.full((DM_HEIGHT, DM_WIDTH), DM_BORDER_FILL, np.uint8)
+  expected[ys < cam.height] = planes(buf, layout)[0][ys[ys < cam.height]][:, xs]
+  np.testing.assert_array_equal(out.reshape(DM_HEIGHT, DM_WIDTH), expected)
+  assert (ys >= cam.height).sum() == 98 and (out != PAD).all()
 
 def test_bad_inputs_are_named():
   layout = NV12Layout.packed(64, 32)
