@@ -28,8 +28,9 @@ def parse_args(argv: list[str] | None, prog: str, doc: str | None) -> argparse.N
   """The options both daemons share."""
   ap = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter, epilog=f"""
 environment: NOTIFY_SOCKET, WATCHDOG_USEC (service-manager protocol: READY=1 after load + warm-up + camera connect,
-WATCHDOG=1 from the frame loop, STATUS=<stats>); OPENPILOT_PREFIX (message prefix, as --prefix); DEV (tinygrad device,
-as --device); JOURNAL_STREAM (set by systemd: log lines carry syslog priorities). SIGTERM/SIGINT: finish the frame, exit 0.
+WATCHDOG=1 from the frame loop, STATUS=<stats>, and STATUS=stopped with the final totals at exit); OPENPILOT_PREFIX
+(message prefix, as --prefix); DEV (tinygrad device, as --device); JOURNAL_STREAM (set by systemd: log lines carry
+syslog priorities). SIGTERM/SIGINT: finish the frame, exit 0.
 exit codes: 0 stopped by a signal; 78 the artifact cannot serve this machine or camera (checked before waiting for a
 camera), or its model's outputs could not be parsed for {MAX_BAD_OUTPUTS} frames in a row (the message says what to build).""")
   ap.add_argument('--artifacts', required=True, metavar='DIR', help="artifact directory built by modeld-compile (its "
@@ -241,6 +242,9 @@ class ModelDaemon:
       self.pm.close()
       self.sm.close()
       self.log.info("stopped; totals: %s", self.stats.totals_line())
+      # the service manager gets the final totals too: the counts since the last stats tick, such as the frame whose
+      # bad outputs ended the daemon, would otherwise never reach it
+      self.stats.set_state('stopped')
     return 0
 
 def main(cls: type[ModelDaemon], argv: list[str] | None, doc: str | None) -> NoReturn:

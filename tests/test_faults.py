@@ -8,7 +8,7 @@ from cereal import messaging
 from cereal.services import CAMERA_STATE_SERVICES
 from msgq.visionipc import ROAD, WIDE_ROAD, DRIVER
 from tests.artifacts import CACHE, LAYOUT, REPO, build
-from tests.daemon_harness import Camera, Collector, Daemon, start_daemon
+from tests.daemon_harness import Camera, Collector, Daemon, Notify, start_daemon
 from tests.faults import ARTIFACT_DAMAGES, MESSAGE_FAULTS, MessageFaults, can_mount_tmpfs, damaged_artifact, full_disk
 from modeld_common.daemon import EX_CONFIG, MAX_BAD_OUTPUTS
 from modelrt.contracts import lookup
@@ -26,13 +26,19 @@ def test_a_damaged_artifact_exits_78_before_waiting_for_a_camera(daemon, damage,
   loader's, naming the file or the manifest field; never a traceback."""
   bad = tmp_path / 'artifacts'
   msg = damaged_artifact(tiny_artifacts, bad, family := DAEMONS[daemon][1], damage)
-  d = Daemon(daemon, bad)
-  try: rc = d.proc.wait(60)
-  finally: d.stop()
+  notify = Notify()
+  d = Daemon(daemon, bad, notify=notify)
+  try:
+    rc = d.proc.wait(60)
+    states = notify.wait('STATUS=stopped', 5)
+  finally:
+    d.stop()
+    notify.close()
   err = d.stderr()
   assert rc == EX_CONFIG, err
   assert f"ArtifactError: {bad / family}: {msg}. Rebuild with: " in err, err
-  assert 'waiting for camera server' not in err and 'Traceback' not in err
+  # waiting for a camera is the first state a daemon reports: it never got there
+  assert states == ['STATUS=stopped | totals nothing counted'] and 'Traceback' not in err
 
 @pytest.mark.parametrize('daemon,output,width', [('modeld', 'lead', 216), ('dmonitoringd', 'face_descs_lhd', 10)])
 def test_outputs_that_cannot_be_parsed_skip_frames_then_exit_78(daemon, output, width):
@@ -52,6 +58,7 @@ def test_outputs_that_cannot_be_parsed_skip_frames_then_exit_78(daemon, output, 
       cam.send(n)
       time.sleep(0.05)   # the camera's pace; a frame it misses meanwhile is conflated away, not counted
     rc = d.proc.wait(30)
+    notify.wait('STATUS=stopped', 5)   # the final totals
     col.poll()
   finally:
     d.stop()
@@ -61,7 +68,7 @@ def test_outputs_that_cannot_be_parsed_skip_frames_then_exit_78(daemon, output, 
   assert rc == EX_CONFIG, err
   assert f"OutputError: the outputs of {MAX_BAD_OUTPUTS} frames in a row could not be parsed, the last because output " \
          f"'{output}': expected {want} values, got {width}" in err
-  assert re.search(rf"stopped; totals: .*\bbad_output={MAX_BAD_OUTPUTS}\b", err) and 'frames=' not in err.split('totals:')[-1]
+  assert notify.count('bad_output') == MAX_BAD_OUTPUTS and notify.count('frames') == 0
   assert all(m == [] for m in col.msgs.values()) and 'Traceback' not in err
 
 def test_a_hidden_state_of_another_width_is_refused_with_the_artifact():
