@@ -1,36 +1,22 @@
 #!/usr/bin/env python3
-"""Accuracy of the reference models over the shipped synthetic scenes: render -> numpy warp -> captured model ->
-parse, no daemons. Prints per-quantity errors (mean, p95, max) next to the target the tests hold, the median
-replay time of each model, and last the worst relative error (error / target; <= 1 meets every target).
+"""Accuracy of the reference models over the shipped synthetic scenes, run as the daemons run them without their
+processes (tests/evaluate.py: render -> RoadRunner / DMRunner on the daemons' artifact -> parse). Prints per-quantity
+errors (mean, p95, max) next to the target the tests hold, the median time of a runner's frame, and last the worst
+relative error (error / target; <= 1 meets every target).
 
   DEV=CPU python bench/accuracy.py [--frames N]
 """
-import argparse, pathlib, sys, time
+import argparse, pathlib, sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import numpy as np
-from tinygrad import Tensor, TinyJit
 from camerad.scene import load_scene
 from modelrt.constants import X_IDXS, T_IDXS, FRAME_SKIP
-from modelrt.dispatch import HostReplay
 from modelrt.contracts import ROAD_V0_11_1
-from modelrt.reference import vision_model, policy_model, dm_model
-from modeld_tools.evaluate import run_road, run_dm
+from tests.evaluate import run_road, run_dm
 
 NEAR = (X_IDXS >= 10) & (X_IDXS <= 50)
 PLAN = ROAD_V0_11_1.plan
 ROAD_SCENES, DM_SCENES = ('straight', 'curve', 'lead_braking', 'lane_change'), ('driver_distracted', 'driver_blinking')
-
-class Runner:
-  """Each model's JIT: run, capture, then replays as the daemons do them (HostReplay), timed."""
-  def __init__(self): self.jits, self.replays, self.times = {}, {}, {}
-  def __call__(self, md, **kw) -> np.ndarray:
-    jit = self.jits.setdefault(md.name, TinyJit(md.fn))
-    args = {k: Tensor(v).realize() for k, v in kw.items()}   # the host-to-device copy is not the replay
-    replay = self.replays.setdefault(md.name, HostReplay(jit)) if jit.captured is not None else None
-    t = time.perf_counter()
-    out = (replay or jit)(**args).numpy()
-    if replay is not None: self.times.setdefault(md.name, []).append(time.perf_counter() - t)
-    return out
 
 def truth_lines(r): return np.array([l['y'] for l in r['truth']['road']['lane_lines']])
 
@@ -94,9 +80,7 @@ def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument('--frames', type=int, default=0, help="frames per scene (default: the whole scene)")
   args = ap.parse_args()
-  run = Runner()
-  vision, policy, dm = vision_model(), policy_model(), dm_model()
-  worst = (0.0, '')
+  worst, times = (0.0, ''), {'road': [], 'driver': []}
   def report(scene: str, errs: dict):
     nonlocal worst
     for k, (v, target, unit) in errs.items():
@@ -108,11 +92,15 @@ def main() -> int:
   for name in ROAD_SCENES:
     sc = load_scene(name)
     n = min(args.frames or sc.n_frames, sc.n_frames)
-    report(name, road_errors(run_road(vision, policy, sc, range(FRAME_SKIP, n), run)))
+    # judged from frame FRAME_SKIP on: before it the model's older image is the zeros a camera session starts from
+    report(name, road_errors(rs := run_road(sc, range(FRAME_SKIP, n))))
+    times['road'] += [r['run_time'] for r in rs]
   for name in DM_SCENES:
     sc = load_scene(name)
-    report(name, dm_errors(run_dm(dm, sc, range(min(args.frames or sc.n_frames, sc.n_frames)), run)))
-  for k, ts in run.times.items(): print(f"replay {k:7s} median {np.median(ts) * 1e3:6.2f} ms (n={len(ts)}, including the output copy)")
+    report(name, dm_errors(rs := run_dm(sc, range(min(args.frames or sc.n_frames, sc.n_frames)))))
+    times['driver'] += [r['run_time'] for r in rs]
+  for k, ts in times.items():
+    print(f"{k} frame median {np.median(ts) * 1e3:6.2f} ms (n={len(ts)}: the runner's warps, model replays and output copy)")
   print(f"worst relative error (error / target): {worst[0]:.2f} ({worst[1]})")
   return 0
 

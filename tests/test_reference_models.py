@@ -1,40 +1,30 @@
-"""The reference models against the synthetic scenes' ground truth: render -> numpy warp (with the scene's
-calibration) -> model (captured TinyJit, checked once against an eager run) -> parsers -> compare.
-The daemons' end-to-end accuracy tests run the same models through real processes and sockets."""
+"""The reference models against the synthetic scenes' ground truth, run as the daemons run them (tests/evaluate.py:
+render -> RoadRunner / DMRunner on the daemons' artifact, with the scene's calibration -> parsers -> compare), and the
+artifact's replays against the models' eager functions. The daemons' end-to-end accuracy tests run the same models
+through real processes and sockets."""
 import numpy as np
 import pytest
-from tinygrad import Tensor, TinyJit
+from tinygrad import Tensor
+from camerad.render import SceneRenderer
 from camerad.scene import load_scene, parse_scene
 from modelrt.constants import X_IDXS, T_IDXS
 from modelrt.contracts import ROAD_V0_11_1
+from modelrt.geometry import dm_warp_matrix, road_warp_matrix
 from modelrt.reference import vision_model, policy_model, dm_model
-from modeld_tools.evaluate import run_road, run_dm, road_inputs, dm_inputs
+from modelrt.runner import host_tensor
+from modelrt.warp import dm_warp_np, road_warp_np
+from msgq.visionipc.layout import NV12Layout
+from tests.evaluate import run_road, run_dm, scene_artifacts
 from modelrt.reference.road import PLAN_TAU
 
 NEAR = (X_IDXS >= 10) & (X_IDXS <= 50)
 PLAN = ROAD_V0_11_1.plan
 
-class Runner:
-  """One TinyJit per model; the first call of each also runs the model eagerly and checks the replay matches."""
-  def __init__(self): self.jits, self.checked = {}, set()
-  def __call__(self, md, **kw) -> np.ndarray:
-    jit = self.jits.setdefault(md.name, TinyJit(md.fn))
-    out = jit(**{k: Tensor(v) for k, v in kw.items()}).numpy()
-    if md.name not in self.checked and jit.cnt >= 3:   # a replay (not the capture): compare with the eager function
-      np.testing.assert_array_equal(out, md.fn(**{k: Tensor(v) for k, v in kw.items()}).numpy())
-      self.checked.add(md.name)
-    return out
-
 @pytest.fixture(scope='module')
-def models(): return {'vision': vision_model(), 'policy': policy_model(), 'dm': dm_model()}
-
-@pytest.fixture(scope='module')
-def runner(): return Runner()
-
-@pytest.fixture(scope='module')
-def road(models, runner):
-  """Parsed outputs for a few frames of each road scene (module-scoped: rendered and run once)."""
-  def go(name, frames, calib=None): return run_road(models['vision'], models['policy'], load_scene(name), frames, runner, calib)
+def road():
+  """Parsed outputs for a few frames of each road scene (module-scoped: rendered and run once), each frame after every
+  frame before it, as a daemon sees a camera."""
+  def go(name, frames, calib=None): return run_road(load_scene(name), frames, calib)
   return {'straight': go('straight', range(8, 13)), 'curve': go('curve', range(36, 46)),
           'curve_uncalibrated': go('curve', range(44, 46), calib=(0.0, 0.0, 0.0)), 'lead': go('lead_braking', range(6, 80, 9))}
 
@@ -43,8 +33,30 @@ def lane_errors(r: dict) -> np.ndarray:
   truth = np.array([l['y'] for l in r['truth']['road']['lane_lines']])
   return np.abs(r['lane_lines'][1:3, :, 0] - truth[1:3])[:, NEAR].max(1)
 
-def test_replay_matches_eager(road, runner):
-  assert {'vision', 'policy'} <= runner.checked
+def test_the_artifacts_replay_the_models_bit_for_bit():
+  """What the evaluation runs, the models compiled into the daemons' artifacts, on a scene's frames: every replay equals
+  its model's eager function bit for bit (modeld-compile checks random inputs, to a tolerance that BEAM builds need)."""
+  sc = load_scene('lead_braking')
+  arts = scene_artifacts(sc)
+  def frame(camera: str, i: int) -> np.ndarray:
+    cam = sc.cameras[camera]
+    layout = NV12Layout.packed(cam.width, cam.height)
+    buf = SceneRenderer(sc, camera, layout).render(i)
+    if camera == 'driver': return dm_warp_np(buf, dm_warp_matrix(cam), layout)
+    return road_warp_np(buf, road_warp_matrix(sc.calib, cam, wide=camera == 'wide'), layout)
+  img, big_img = (np.concatenate([frame(c, 20), frame(c, 24)])[None] for c in ('road', 'wide'))
+  vision = arts['road'].models['vision'](img=Tensor(img, device='CPU').realize(), big_img=Tensor(big_img, device='CPU').realize())
+  np.testing.assert_array_equal(vision, vision_model().fn(img=Tensor(img), big_img=Tensor(big_img)).numpy()[0])
+  features, desire = (np.zeros(ROAD_V0_11_1.policy.inputs[k].shape, np.float32) for k in ('features_buffer', 'desire_pulse'))
+  features[0, -1] = vision[arts['road'].output_slices('vision')['hidden_state']]
+  traffic = np.array([[1, 0]], np.float32)
+  policy = arts['road'].models['policy'](**{k: host_tensor(v) for k, v in
+                                            (('features_buffer', features), ('desire_pulse', desire), ('traffic_convention', traffic))})
+  eager = policy_model().fn(features_buffer=Tensor(features), desire_pulse=Tensor(desire), traffic_convention=Tensor(traffic))
+  np.testing.assert_array_equal(policy, eager.numpy()[0])
+  input_img, calib = frame('driver', 30), np.array([sc.calib], np.float32)
+  dm = arts['dm'].models['dm'](input_img=Tensor(input_img, device='CPU').realize(), calib=host_tensor(calib))
+  np.testing.assert_array_equal(dm, dm_model().fn(input_img=Tensor(input_img), calib=Tensor(calib)).numpy()[0])
 
 @pytest.mark.parametrize("scene", ["straight", "curve"])
 def test_ego_lane_lines(road, scene):
@@ -107,13 +119,11 @@ def test_honest_uncertainty(road):
   assert std[-1] > 5 * std[NEAR].max() and std[0] > std[NEAR].max()
 
 @pytest.fixture(scope='module')
-def dm(models, runner):
-  def go(scene, frames): return run_dm(models['dm'], scene, frames, runner)
+def dm():
+  def go(scene, frames): return run_dm(scene, frames)
   rhd = parse_scene({'duration': 1.0, 'driver': {'wheel': 'right', 'face': {'x': 0.6}}}, 'rhd')
   return {'blinking': go(load_scene('driver_blinking'), range(0, 60, 2)), 'distracted': go(load_scene('driver_distracted'), range(0, 60, 4)),
           'rhd': go(rhd, range(2))}
-
-def test_dm_replay_matches_eager(dm, runner): assert 'dm' in runner.checked
 
 def test_face_position(dm):
   for r in [*dm['blinking'], *dm['distracted']]:
@@ -146,11 +156,3 @@ def test_right_hand_drive(dm):
   for r in dm['rhd']:
     assert r['wheel_on_right_prob'] > 0.9 and r['rhd']['face_prob'] > 0.9 and r['lhd']['face_prob'] < 0.1
     assert abs(r['rhd']['face_position'][0] - r['truth']['driver']['face']['position'][0]) < 0.05
-
-def test_inputs_follow_the_scene():
-  # the evaluation feeds the newest frame last and the one 4 frames earlier first, as the daemons' image queue does
-  sc = load_scene('straight')
-  ((_, a, _),), ((_, b, _),) = road_inputs(sc, range(4, 5)), road_inputs(sc, range(8, 9))
-  assert np.array_equal(a[0, 6:], b[0, :6]) and not np.array_equal(a, b)
-  (_, img, calib), = dm_inputs(sc, range(1))
-  assert img.shape == (1, 1440 * 960) and calib.dtype == np.float32 and calib.shape == (1, 3)
