@@ -1,6 +1,7 @@
 """modeld-demo: the whole service on a synthetic scene, live in the terminal, compared with the scene's ground truth.
 
-Builds the default artifacts (modeld-compile --reference, skipped when unchanged), then starts camerad (every camera
+Builds the default artifacts (modeld-compile --reference, skipped when unchanged; artifacts built from ONNX files in
+that folder are used as they are), then starts camerad (every camera
 of one scene, looping), modeld, dmonitoringd and modeld-record as child processes on a private OPENPILOT_PREFIX, and
 subscribes to their outputs itself: a live view (a few times a second; a line every few seconds when stdout is not a
 terminal) shows the ego lane lines and the lead against the truth of the frame each output belongs to, the driver
@@ -50,8 +51,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
   ap.add_argument('--scene', default='demo', help="synthetic scene: 'demo' (the default, built in), a shipped scene name "
                   "(straight, curve, lead_braking, lane_change, driver_distracted, driver_blinking) or a scene file; it loops")
   ap.add_argument('--seconds', type=float, metavar='N', help="stop N seconds after the first outputs (default: run until Ctrl-C)")
-  ap.add_argument('--artifacts', default='artifacts', metavar='DIR', help="model artifacts, built here when missing or "
-                  "out of date (default: ./artifacts)")
+  ap.add_argument('--artifacts', default='artifacts', metavar='DIR', help="model artifacts: the reference models, built here "
+                  "when missing or out of date; models built from ONNX files are used as built, never overwritten (default: ./artifacts)")
   ap.add_argument('--out', metavar='DIR', help="run folder: logs, recorded route, overlay.mp4 (default: ./out/demo-<date>--<time>)")
   ap.add_argument('--fps', type=float, metavar='F', help="camera rate (default: the scene's, 20); lower it when "
                   "the machine cannot run the models that often: a dropped frame makes the next one prepare-only")
@@ -263,6 +264,28 @@ def artifact_layouts(scene) -> list:
   from msgq.visionipc.layout import NV12Layout
   return [f(w, h) for w, h in sorted({(c.width, c.height) for c in scene.cameras.values()}) for f in (NV12Layout.packed, NV12Layout.aligned)]
 
+def prepare_artifacts(artifacts: str, scene) -> list[str]:
+  """The artifacts the daemons will load; returns camerad's --layout arguments for them. Reference models are built
+  (or found unchanged) here; models built from model files (ONNX) are used as they are, never overwritten: then both
+  families must be there, serving every camera of the scene in one layout kind (packed, else aligned)."""
+  from modelrt.artifact import FAMILIES, ArtifactError, read_manifest
+  found = {}
+  for fam in FAMILIES:
+    try: found[fam] = read_manifest(artifacts, fam).manifest
+    except (ArtifactError, OSError): pass
+  if not (foreign := {f: m for f, m in found.items() if '--reference' not in m['command']}):
+    build_artifacts(artifacts, scene)
+    return []
+  for kind, layouts in (('packed', artifact_layouts(scene)[0::2]), ('aligned', artifact_layouts(scene)[1::2])):
+    if all(fam in found and {str(l) for l in layouts} <= set(found[fam]['layouts']) for fam in FAMILIES):
+      built = '; '.join(f"{f}: {' '.join(m['command'])}" for f, m in foreign.items())
+      print(f"modeld-demo: artifacts: {artifacts} as built ({built})", flush=True)
+      return [] if kind == 'packed' else ['--layout', 'aligned']
+  raise SystemExit(f"modeld-demo: {artifacts} holds models built from model files ({', '.join(foreign)}), which the demo does not overwrite "
+                   f"with its reference models, and they do not serve its cameras: both families with every layout of one kind among "
+                   f"{', '.join(map(str, artifact_layouts(scene)))}, have {({f: m['layouts'] for f, m in found.items()})}. "
+                   f"Build them with those --camera layouts, or give the demo another --artifacts folder")
+
 def build_artifacts(artifacts: str, scene) -> None:
   """modeld-compile --reference for the scene's cameras; it skips an unchanged build itself. Progress on stderr."""
   cmd = [sys.executable, '-m', 'modelrt.compile', '--reference', '--out', artifacts, *[a for l in artifact_layouts(scene) for a in ('--camera', str(l))]]
@@ -288,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
   if args.scene == 'demo':   # camerad and modeld-overlay read scenes from files
     (scene_file := args.out / 'scene.json').write_text(json.dumps(DEMO_SCENE, indent=1))
     scene_spec = str(scene_file)
-  try: build_artifacts(args.artifacts, scene)
+  try: camera_layout = prepare_artifacts(args.artifacts, scene)
   except KeyboardInterrupt:
     print("\nmodeld-demo: interrupted while building the artifacts", file=sys.stderr)
     return 130
@@ -304,12 +327,13 @@ def main(argv: list[str] | None = None) -> int:
   try:
     socks = {s: messaging.sub_sock(s, timeout=0) for s in OUTPUTS}   # before the publishers: their first messages are not missed
     route = args.out / 'route'
-    children = [Child('camerad', 'camerad', ['--source', f'synthetic:{scene_spec}', '--loop', *(['--fps', str(args.fps)] if args.fps else [])], env, logdir),
+    camerad_args = ['--source', f'synthetic:{scene_spec}', '--loop', *camera_layout, *(['--fps', str(args.fps)] if args.fps else [])]
+    children = [Child('camerad', 'camerad', camerad_args, env, logdir),
                 Child('modeld', 'modeld', ['--artifacts', args.artifacts], env, logdir),
                 Child('dmonitoringd', 'dmonitoringd', ['--artifacts', args.artifacts], env, logdir),
                 Child('record', 'modeld_tools.record', ['--route', str(route)], env, logdir)]
     print(f"modeld-demo: started {', '.join(f'{c.name} (pid {c.proc.pid})' for c in children)} with OPENPILOT_PREFIX={prefix}; "
-          f"logs in {logdir}", flush=True)
+          f"logs in {logdir}; {f'stops after {args.seconds:g} s of outputs or on Ctrl-C' if args.seconds else 'Ctrl-C stops'}", flush=True)
     if tty: sys.stdout.write('\x1b[?25l')   # hide the cursor while redrawing
     next_draw = 0.
     while not stop:

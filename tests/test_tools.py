@@ -326,3 +326,22 @@ def test_plot_empty_route(tmp_path):
   (seg / 'rlog.zst').write_bytes(b'')
   r = run([BIN / 'modeld-plot', seg.parent])
   assert r.returncode == 1 and 'no modelV2' in r.stderr
+
+def test_the_demo_never_overwrites_models_built_from_model_files(tmp_path):
+  """Artifacts built from ONNX files in the demo's folder are used as built when they serve the scene's cameras (in
+  the layout kind camerad is then told), refused with the reason when not; never replaced by the reference models."""
+  from camerad.scene import parse_scene
+  from modeld_tools.demo import DEMO_SCENE, prepare_artifacts
+  from tests.artifacts import CACHE, build
+  art = shutil.copytree(build(CACHE.parent / 'tiny', models='tiny'), tmp_path / 'art')   # 64x48, packed and aligned
+  manifests = {f: (art / f / 'manifest.json').read_bytes() for f in ('road', 'dm')}
+  small = parse_scene({**DEMO_SCENE, 'intrinsics': {c: {'width': 64, 'height': 48, 'focal_length': 30.} for c in ('road', 'wide', 'driver')}}, 'small')
+  assert prepare_artifacts(str(art), small) == []
+  with pytest.raises(SystemExit, match=r"holds models built from model files \(road, dm\), which the demo does not overwrite .* "
+                                       r"1928x1208:1928:2329024:3493536"):
+    prepare_artifacts(str(art), parse_scene(DEMO_SCENE, 'demo'))
+  m = json.loads((road := art / 'road' / 'manifest.json').read_text())
+  m['layouts'] = [l for l in m['layouts'] if l != '64x48:64:3072:4608']
+  road.write_text(json.dumps(m))
+  assert prepare_artifacts(str(art), small) == ['--layout', 'aligned']   # the road family lost its packed layout
+  assert (art / 'dm' / 'manifest.json').read_bytes() == manifests['dm']
