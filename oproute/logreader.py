@@ -4,7 +4,8 @@ A route is a set of segment folders `<route>--<n>` (n from 0), either inside a r
 recorder writes) or side by side under one folder (`realdata/<route>--0/`, as on a device). A segment holds its log as
 `rlog` (every event) and `qlog` (decimated), each zstd (`.zst`), bzip2 (`.bz2`) or uncompressed: Cap'n Proto Events
 back to back. A message is self-delimiting (its segment table leads it), so a file cut short by a crash ends in a
-partial message that the framing detects. Bytes that are not a whole, valid Event are reported (file and offset) in
+partial message that the framing detects, and compressed data cut short or damaged is reported with how much of it
+decoded (the events before the cut are read). Bytes that are not a whole, valid Event are reported (file and offset) in
 `warnings`, never yielded; an event of a union member this schema does not know is yielded as an `UnknownEvent`.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ import bz2, enum, logging, re, struct, sys
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Iterator
+from typing import BinaryIO
 import zstandard as zstd
 from cereal.messaging import MalformedMessageError, UnknownMemberError, log_from_bytes
 
@@ -62,13 +64,7 @@ def read_log_file(path: str | Path) -> tuple[bytes, str | None]:
   with open(path, "rb") as f:
     head = f.read(4)
     f.seek(0)
-    if head == ZSTD_MAGIC:   # one frame (a closed segment) or several (one cut short while recording)
-      chunks, r = [], zstd.ZstdDecompressor().stream_reader(f, read_across_frames=True)
-      try:
-        while chunk := r.read(1 << 20): chunks.append(chunk)
-      except zstd.ZstdError as e:
-        return b"".join(chunks), f"compressed data is damaged after {sum(map(len, chunks))} bytes ({e})"
-      return b"".join(chunks), None
+    if head == ZSTD_MAGIC: return _zstd_content(f)
     data = f.read()
   if not head.startswith(BZ2_MAGIC): return data, None
   d, out = bz2.BZ2Decompressor(), []
@@ -79,6 +75,25 @@ def read_log_file(path: str | Path) -> tuple[bytes, str | None]:
       if d.eof and data: d = bz2.BZ2Decompressor()
   except OSError as e: return b"".join(out), f"compressed data is damaged after {sum(map(len, out))} bytes ({e})"
   return b"".join(out), None if d.eof else f"compressed data ends early after {sum(map(len, out))} bytes"
+
+def _zstd_content(f: BinaryIO) -> tuple[bytes, str | None]:
+  """read_log_file of a zstd file: one frame (a closed segment) or several (one cut short while recording), decoded
+  frame by frame so that a file ending inside a frame is told apart from one ending after it (zstd's streaming reader
+  returns the same bytes for both, silently)."""
+  out, d, read, frame_at = [], zstd.ZstdDecompressor().decompressobj(), 0, 0
+  try:
+    while chunk := f.read(1 << 20):
+      read += len(chunk)
+      while chunk:
+        out.append(d.decompress(chunk))
+        if not d.eof: break
+        chunk, frame_at = d.unused_data, read - len(d.unused_data)   # the next frame starts in this chunk
+        d = zstd.ZstdDecompressor().decompressobj()
+  except zstd.ZstdError as e:
+    return b"".join(out), f"compressed data is damaged after {sum(map(len, out))} bytes ({e})"
+  if read > frame_at:   # the last frame started was not ended
+    return b"".join(out), f"compressed data ends early after {sum(map(len, out))} bytes: the zstd frame at byte {frame_at} of the file is cut short"
+  return b"".join(out), None
 
 def segment_number(p: Path) -> int:
   m = re.search(r"--(\d+)$", p.name)
@@ -246,14 +261,20 @@ def _run_on_file(func, sort_by_time: bool, only_union_types: bool, f: Path):
 
 QUIET_S = 5.   # a log written to more recently may still be recorded (the recorder flushes every 0.5 s by default)
 
+def _cut_short(path: Path) -> bool:
+  """A zstd log that ends inside a frame or is damaged, whatever its header says (a one-frame log copied in part)."""
+  with open(path, "rb") as f:
+    if f.read(4) != ZSTD_MAGIC: return False
+  return read_log_file(path)[1] is not None
+
 def _finalize(logs: list[Path]) -> None:
-  """Each unfinished zstd log of these logs' segments (rlog and qlog) rewritten as one frame; one still being written to
-  is left alone: rewriting it under a running recorder would lose what it writes next."""
+  """Each unfinished or cut-short zstd log of these logs' segments (rlog and qlog) rewritten as one frame of what reads;
+  one still being written to is left alone: rewriting it under a running recorder would lose what it writes next."""
   import time
   from oproute.writer import finalize, unfinished
   for log in logs:
     for f in [log] if segment_number(log.parent) < 0 else [log.parent / "rlog.zst", log.parent / "qlog.zst"]:
-      if not f.is_file() or not unfinished(f): continue
+      if not f.is_file() or not (unfinished(f) or _cut_short(f)): continue
       if (age := time.time() - f.stat().st_mtime) < QUIET_S:
         print(f"left {f} alone: written to {age:.1f} s ago (still being recorded?)")
         continue
@@ -267,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
                   "(a route may end in a segment range and a mode, as openpilot's: ROUTE/2:4/q)")
   ap.add_argument("--mode", choices=MODES, default="a", help="r: rlogs, q: qlogs, a (or i): rlog where there is one (default)")
   ap.add_argument("--finalize", action="store_true", help="first rewrite each log a crash left unfinished (zstd frames "
-                  "without their size, which one-shot readers such as openpilot's LogReader refuse) as one frame")
+                  "without their size) or a copy cut short, which one-shot readers such as openpilot's LogReader refuse, "
+                  "as one frame of what reads")
   args = ap.parse_args(argv)
   try:
     lr = LogReader(args.path, args.mode)

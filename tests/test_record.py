@@ -152,15 +152,57 @@ def test_truncated_tail_reads_up_to_last_whole_message(tmp_path):
   lr = LogReader(path)
   assert [d for d, _ in lr.raw()] == msgs[:25]
   assert len(lr.warnings) == 1 and "not a whole message" in lr.warnings[0] and f"from offset {cut - len(msgs[25]) // 2}" in lr.warnings[0]
-  # the compressed file itself cut anywhere, closed (one frame) or as a crash leaves it (frames): a prefix, no exception
+  # the compressed file itself cut anywhere, closed (one frame) or as a crash leaves it (frames): what decodes comes back,
+  # and the cut is named: the file, how much decoded, where the frame it fell in starts
   for close in (True, False):
     write_log(path, msgs, close=close)
     data = path.read_bytes()
-    for n in (len(data) - 1, len(data) - 5, len(data) * 2 // 3, len(data) // 3, 10, 0):
+    for n in (len(data) - 1, len(data) - 5, len(data) * 2 // 3, len(data) // 3, 10):
       path.write_bytes(data[:n])
-      got = [d for d, _ in LogReader(path).raw()]
+      lr = LogReader(path)
+      got = [d for d, _ in lr.raw()]
       assert got == msgs[:len(got)], (close, n)
-    assert len(got) == 0
+      want = f"{path}: compressed data ends early after {len(read_log_file(path)[0])} bytes: the zstd frame at byte "
+      assert lr.warnings and lr.warnings[0].startswith(want), (close, n, lr.warnings)
+  path.write_bytes(b"")   # a log the crash left empty: nothing to read, nothing lost
+  lr = LogReader(path)
+  assert list(lr) == [] and lr.warnings == []
+
+def test_zstd_log_cut_inside_a_frame(tmp_path):
+  """zstd's streaming reader returns the same bytes for a file cut inside a frame as for a whole one: the cut must be
+  found anyway. A log of frames (a crash's) cut by one byte: the frames before it all read, the warning names the file
+  and the cut frame, `python -m oproute` exits 1 saying so and --finalize repairs it naming the loss. A closed log (one
+  frame) cut short, as a partial copy leaves it: the same, though no event decodes, and camerad says why it has nothing."""
+  msgs = [car(i) for i in range(40)]
+  crashed = tmp_path / "crashed" / LOG_NAME
+  crashed.parent.mkdir()
+  w, starts = LogFile(crashed), []
+  for i in range(0, len(msgs), 8):   # frames of 8 messages, as flushes leave them
+    starts.append(crashed.stat().st_size)
+    for m in msgs[i:i + 8]: w.write(m)
+    w.flush()
+  w.f.close()
+  crashed.write_bytes(crashed.read_bytes()[:-1])
+  lr = LogReader(crashed)
+  got = [d for d, _ in lr.raw()]
+  assert got == msgs[:len(got)] and len(got) >= 32, len(got)
+  assert lr.warnings == [f"{crashed}: compressed data ends early after {len(b''.join(got))} bytes: the zstd frame at byte "
+                         f"{starts[-1]} of the file is cut short"], lr.warnings
+  closed = tmp_path / "closed" / LOG_NAME
+  closed.parent.mkdir()
+  write_log(closed, msgs[:4])
+  closed.write_bytes(closed.read_bytes()[:-30])
+  assert read_log_file(closed) == (b"", "compressed data ends early after 0 bytes: the zstd frame at byte 0 of the file is cut short")
+  r = subprocess.run([sys.executable, "-m", "camerad", "--source", closed], cwd=ROOT, capture_output=True, text=True, timeout=60)
+  assert r.returncode == 1 and f"{closed}: compressed data ends early after 0 bytes" in r.stderr, r.stderr   # why no camera state read
+  for f, n in ((crashed, len(got)), (closed, 0)):
+    r = subprocess.run([sys.executable, "-m", "oproute", f], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and f"{f}: compressed data ends early after " in r.stderr, r.stdout + r.stderr
+    os.utime(f, (time.time() - 60,) * 2)   # cut a minute ago: not a log still being written
+    r = subprocess.run([sys.executable, "-m", "oproute", "--finalize", f], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith(f"finalized {f} (compressed data ends early after "), r.stdout + r.stderr
+    lr = LogReader(f)
+    assert [d for d, _ in lr.raw()] == msgs[:n] and lr.warnings == [] and zstd.decompress(f.read_bytes()) == b"".join(msgs[:n])
 
 def test_finalize_repairs_what_a_crash_left(tmp_path):
   """python -m oproute --finalize on the logs a crash can leave: an empty one (the segment had just opened), a zstd
