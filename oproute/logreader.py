@@ -48,15 +48,19 @@ def message_length(buf: bytes | memoryview, pos: int = 0) -> int | None:
   if len(buf) - pos < head: return None
   return head + 8 * sum(struct.unpack_from(f"<{n}I", buf, pos + 4))
 
+ONE_SEGMENT = struct.Struct("<II")   # a segment table of one segment: (count - 1 = 0, its length in words)
+
 def split_messages(data: bytes) -> tuple[list[tuple[int, bytes]], int]:
   """(offset, message) for the whole messages back to back in data, and the number of bytes after the last one."""
-  out, pos, mv = [], 0, memoryview(data)
-  while pos < len(data):
-    n = message_length(mv, pos)
-    if n is None or pos + n > len(data): break
+  out, pos, end, mv = [], 0, len(data), memoryview(data)
+  while pos < end:
+    # one segment, as every message a publisher builds: its length straight from the table
+    if end - pos >= 8 and (head := ONE_SEGMENT.unpack_from(data, pos))[0] == 0: n = 8 + 8 * head[1]
+    else: n = message_length(mv, pos)
+    if n is None or pos + n > end: break
     out.append((pos, data[pos:pos + n]))
     pos += n
-  return out, len(data) - pos
+  return out, end - pos
 
 def read_log_file(path: str | Path) -> tuple[bytes, str | None]:
   """The decompressed content of a log file (zstd, bzip2 or plain, told by its magic bytes) and a warning when the

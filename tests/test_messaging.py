@@ -1,5 +1,6 @@
 """cereal: schema, services table, log_from_bytes limits, PubMaster/SubMaster with real publisher processes."""
-import hashlib, logging, os, time
+import gc, hashlib, logging, os, time
+import capnp
 import numpy as np
 import pytest
 
@@ -137,6 +138,32 @@ def test_log_from_bytes_refuses_garbage_truncated_and_huge_counts():
   huge[i:i + 4] = (4 | ((2 ** 29 - 1) << 3)).to_bytes(4, "little")
   for bad in (b"", b"\x00" * 7, os.urandom(1000), dat[:len(dat) // 2], bytes(huge)):
     with pytest.raises(MalformedMessageError, match="malformed message"): log_from_bytes(bad)
+
+def test_log_from_bytes_walks_the_whole_message():
+  """A pointer deep inside the member (modelV2.position.x) claiming far more than the message holds: a bare reader
+  gets the root and the member right and fails only when the list is read; log_from_bytes refuses it up front."""
+  m = new_message("modelV2")
+  m.modelV2.frameId, m.modelV2.position.x = 7, [1.0, 2.0, 3.0]
+  bad = bytearray(m.to_bytes())
+  i = bytes(bad).index((4 | (3 << 3)).to_bytes(4, "little"))   # the only list of three 32-bit elements
+  bad[i:i + 4] = (4 | ((2 ** 29 - 1) << 3)).to_bytes(4, "little")
+  with log.Event.from_bytes(bytes(bad)) as r:
+    assert r.which() == "modelV2" and r.modelV2.frameId == 7
+    with pytest.raises(capnp.KjException): list(r.modelV2.position.x)
+  with pytest.raises(MalformedMessageError, match="malformed message"): log_from_bytes(bytes(bad))
+
+def test_a_parsed_message_keeps_its_bytes():
+  """No copy: the reader reads the message's own bytes, so it must keep them alive when the caller drops its reference
+  (a member's reader alone is enough), and a buffer that is not bytes (its owner may reuse it) is copied first."""
+  m = new_message("modelV2")
+  m.modelV2.frameId, m.modelV2.position.x = 7, [1.0, 2.0, 3.0]
+  buf = bytearray(m.to_bytes())
+  ev = log_from_bytes(buf)
+  position = log_from_bytes(bytes(buf)).modelV2.position   # the bytes and the event are garbage at once
+  buf[:] = bytes(len(buf))   # the owner reuses its buffer
+  gc.collect()
+  junk = [bytes(len(buf)) for _ in range(1000)]   # freed memory of that size, if any, now holds zeros
+  assert ev.modelV2.frameId == 7 and list(ev.modelV2.position.x) == [1, 2, 3] and list(position.x) == [1, 2, 3], len(junk)
 
 def test_a_parsed_message_can_be_read_any_number_of_times():
   m = new_message("liveCalibration")

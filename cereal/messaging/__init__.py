@@ -1,5 +1,5 @@
 """cereal.messaging: Cap'n Proto `Event`s over msgq, with openpilot's PubMaster/SubMaster API."""
-import logging, time
+import functools, logging, time
 from collections import deque
 import capnp
 
@@ -32,27 +32,39 @@ def new_message(service: str | None = None, size: int | None = None, **kwargs) -
     else: msg.init(service, size)
   return msg
 
+NESTING_LIMIT = 64             # pointers deep: far beyond any Event, far below what a reader's stack takes
+NO_TRAVERSAL_LIMIT = 2 ** 63   # for a message already walked whole under its limit
+WALK_SLOT = "sensorEventDEPRECATED"   # an Event member this schema keeps untyped (AnyPointer): takes a whole message
+
+@functools.cache
+def _has_union(struct) -> bool: return bool(struct.schema.union_fields)
+
 def log_from_bytes(dat: bytes, struct=log.Event):
-  """Parse one message into a reader that stays valid and cheap to read for as long as it is kept.
-  The message is validated by copying it once under a traversal limit proportional to its size: pointers out
-  of bounds, too deep, or aliasing the same data to make readers walk far more than it carries are refused here,
-  as MalformedMessageError, never later in a consumer. (Readers of the bytes themselves would also count every
-  repeated read against that limit; SubMaster users read the same message many times.) The copy keeps what this
-  schema does not declare inside the member (a newer openpilot's fields). An event of a union member this schema does
-  not know raises UnknownMemberError, which carries its logMonoTime and valid."""
+  """Parse one message into a reader of its bytes that keeps them alive and stays cheap to read for as long as it is
+  kept. Before that the message is walked whole by a reader under a traversal limit proportional to its size: pointers
+  out of bounds, too deep, or aliasing the same data to make readers walk far more than it carries are refused here, as
+  MalformedMessageError, never later in a consumer. The walk copies the message into an untyped slot of a scratch
+  message that is dropped: pycapnp's only whole-message walk that turns a bad pointer into an exception (its
+  total_size and as_builder abort the process). The reader returned has no limit of its own: the walk bounded what
+  reading the message once costs, and a limit would count every repeated read against it (SubMaster users read the same
+  message many times). What this schema does not declare (a newer openpilot's fields) stays in the bytes. An event of
+  a union member this schema does not know raises UnknownMemberError, which carries its logMonoTime and valid."""
+  if not isinstance(dat, bytes): dat = bytes(dat)   # a buffer its owner may change or reuse: the reader keeps a copy
   try:
-    with struct.from_bytes(dat, traversal_limit_in_words=4 * (len(dat) // 8) + 4096, nesting_limit=64) as msg:
-      copy = struct.new_message()
-      for f in msg.schema.non_union_fields: setattr(copy, f, getattr(msg, f))
-      if msg.schema.union_fields:
-        try: w = msg.which()
-        except capnp.KjException:
-          raise UnknownMemberError(f"an event of a union member this schema does not know ({len(dat)} bytes)", msg.logMonoTime, msg.valid) from None
-        setattr(copy, w, getattr(msg, w))
-      return copy.as_reader()
+    if len(dat) % 8: raise ValueError("not a whole number of 8-byte words")
+    # read_multiple_bytes: readers that keep their bytes object alive, with no context to close (from_bytes' is one)
+    if (msg := next(struct.read_multiple_bytes(dat, 4 * (len(dat) // 8) + 4096, NESTING_LIMIT), None)) is None:
+      raise ValueError("no message")
+    setattr(log.Event.new_message(num_first_segment_words=len(dat) // 8), WALK_SLOT, msg)
+    if _has_union(struct):
+      try: msg.which()
+      except capnp.KjException:
+        raise UnknownMemberError(f"an event of a union member this schema does not know ({len(dat)} bytes)", msg.logMonoTime, msg.valid) from None
+    ev = next(struct.read_multiple_bytes(dat, NO_TRAVERSAL_LIMIT, NESTING_LIMIT))
   except UnknownMemberError: raise
   except (capnp.KjException, ValueError, TypeError, AttributeError) as e:
     raise MalformedMessageError(f"malformed message ({len(dat)} bytes): {str(e).splitlines()[0][:200]}") from None
+  return ev
 
 def pub_sock(endpoint: str) -> PubSocket:
   return _pub_sock(endpoint, max_size=_max_size(endpoint))
