@@ -234,11 +234,11 @@ class Lockstep:
       while not self.stop:
         self.idle()   # a slow daemon is not a hung camerad: keep the service manager's watchdog fed
         if (dat := self.socks[svc].receive()) is not None:
-          try: ev = messaging.log_from_bytes(dat)
-          except messaging.MalformedMessageError as e:
-            log.warning("lockstep: malformed %s ignored: %s", svc, e)
-            continue
-          if getattr(ev, svc).frameId == frame_id: break
+          # an event of another service on this topic is skipped too: reading it as this one would raise
+          try: ev = messaging.log_from_bytes(dat, expect=svc)
+          except messaging.MalformedMessageError as e: log.warning("lockstep: malformed %s ignored: %s", svc, e)
+          else:
+            if getattr(ev, svc).frameId == frame_id: break
         if time.monotonic() > deadline:
           raise LockstepTimeout(f"--lockstep: no {svc} for frame {frame_id} within {self.timeout:g} s: is the daemon running?")
 

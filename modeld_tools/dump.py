@@ -106,9 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         s = socks[id(sock)]
         while (args.n is None or printed < args.n) and (dat := sock.receive(non_blocking=True)) is not None:
           now = time.monotonic()
-          try:
-            msg = log_from_bytes(dat)
-            if msg.which() != s: raise MalformedMessageError(f"expected a {s} message, got {msg.which()}")
+          try: msg = log_from_bytes(dat, expect=s)
           except MalformedMessageError as e:
             rates.malformed[s] += 1
             if not args.hz: print(f"modeld-dump: {s}: {e} ({rates.malformed[s]} so far)", file=sys.stderr, flush=True)

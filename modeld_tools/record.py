@@ -111,7 +111,9 @@ def record(services: list[str], path: Path, segment_seconds: float, flush_second
     svc = names[sock.sock]
     for dat in messaging.drain_sock_raw(sock):
       # only whole, parseable messages of this service: anything else would break the file's framing
-      try: ok = message_length(dat) == len(dat) and messaging.log_from_bytes(dat).which() == svc
+      try:
+        messaging.log_from_bytes(dat, expect=svc)
+        ok = message_length(dat) == len(dat)
       except messaging.MalformedMessageError: ok = False
       if not ok:
         malformed[svc] += 1

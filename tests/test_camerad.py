@@ -166,6 +166,35 @@ def test_lockstep_without_daemon_is_a_clear_error(scene_file):
   finally:
     if p.poll() is None: p.kill()
 
+def test_lockstep_skips_what_is_not_its_answer(scene_file):
+  """On the answer topic, before each real answer: a well-formed Event of another service (carState) and bytes that are
+  no Event. camerad skips both, says so (once: its warnings are rate-limited), and serves every frame; reading the
+  first as a modelV2 once crashed it."""
+  p = camerad("--source", f"synthetic:{scene_file}", "--cameras", "road", "--lockstep", "--lockstep-timeout", "10")
+  pm = messaging.PubMaster(["modelV2"])
+  try:
+    wait_for_server(p)
+    (client,) = connect([ROAD]).values()
+    ids = []
+    while p.poll() is None:
+      if (buf := client.recv(200)) is None: continue
+      ids.append(buf.frame_id)
+      del buf
+      wrong = messaging.new_message("carState")
+      wrong.carState.vEgo = 1.0
+      pm.send("modelV2", wrong)
+      pm.send("modelV2", b"\xff" * 16)
+      answer = messaging.new_message("modelV2")
+      answer.modelV2.frameId = ids[-1]
+      pm.send("modelV2", answer)
+    client.close()
+    rc, err = finish(p)
+    assert rc == 0 and ids == list(range(TINY["frames"])) and "Traceback" not in err, (ids, err)
+    assert "lockstep: malformed modelV2 ignored: expected a modelV2 message, got carState" in err, err   # the rest rate-limited
+  finally:
+    pm.close()
+    if p.poll() is None: p.kill()
+
 def test_option_errors(scene_file):
   rc, err = finish(camerad("--source", f"synthetic:{scene_file}", "--start", "10"))
   assert rc == 1 and "the source gave no frame from --start 10 on" in err, err

@@ -152,6 +152,13 @@ def test_log_from_bytes_walks_the_whole_message():
     with pytest.raises(capnp.KjException): list(r.modelV2.position.x)
   with pytest.raises(MalformedMessageError, match="malformed message"): log_from_bytes(bytes(bad))
 
+def test_log_from_bytes_expect_refuses_another_service():
+  m = new_message("carState")
+  m.carState.vEgo = 3.0
+  dat = m.to_bytes()
+  assert log_from_bytes(dat, expect="carState").carState.vEgo == 3.0
+  with pytest.raises(MalformedMessageError, match="^expected a modelV2 message, got carState$"): log_from_bytes(dat, expect="modelV2")
+
 def test_a_parsed_message_keeps_its_bytes():
   """No copy: the reader reads the message's own bytes, so it must keep them alive when the caller drops its reference
   (a member's reader alone is enough), and a buffer that is not bytes (its owner may reuse it) is copied first."""

@@ -39,7 +39,7 @@ WALK_SLOT = "sensorEventDEPRECATED"   # an Event member this schema keeps untype
 @functools.cache
 def _has_union(struct) -> bool: return bool(struct.schema.union_fields)
 
-def log_from_bytes(dat: bytes, struct=log.Event):
+def log_from_bytes(dat: bytes, struct=log.Event, expect: str | None = None):
   """Parse one message into a reader of its bytes that keeps them alive and stays cheap to read for as long as it is
   kept. Before that the message is walked whole by a reader under a traversal limit proportional to its size: pointers
   out of bounds, too deep, or aliasing the same data to make readers walk far more than it carries are refused here, as
@@ -48,7 +48,9 @@ def log_from_bytes(dat: bytes, struct=log.Event):
   total_size and as_builder abort the process). The reader returned has no limit of its own: the walk bounded what
   reading the message once costs, and a limit would count every repeated read against it (SubMaster users read the same
   message many times). What this schema does not declare (a newer openpilot's fields) stays in the bytes. An event of
-  a union member this schema does not know raises UnknownMemberError, which carries its logMonoTime and valid."""
+  a union member this schema does not know raises UnknownMemberError, which carries its logMonoTime and valid.
+  expect: the service a message on its topic must be; a well-formed event of another is a MalformedMessageError too
+  (reading it as the expected one would raise in the consumer)."""
   if not isinstance(dat, bytes): dat = bytes(dat)   # a buffer its owner may change or reuse: the reader keeps a copy
   try:
     if len(dat) % 8: raise ValueError("not a whole number of 8-byte words")
@@ -56,14 +58,16 @@ def log_from_bytes(dat: bytes, struct=log.Event):
     if (msg := next(struct.read_multiple_bytes(dat, 4 * (len(dat) // 8) + 4096, NESTING_LIMIT), None)) is None:
       raise ValueError("no message")
     setattr(log.Event.new_message(num_first_segment_words=len(dat) // 8), WALK_SLOT, msg)
+    w = None
     if _has_union(struct):
-      try: msg.which()
+      try: w = str(msg.which())
       except capnp.KjException:
         raise UnknownMemberError(f"an event of a union member this schema does not know ({len(dat)} bytes)", msg.logMonoTime, msg.valid) from None
     ev = next(struct.read_multiple_bytes(dat, NO_TRAVERSAL_LIMIT, NESTING_LIMIT))
   except UnknownMemberError: raise
   except (capnp.KjException, ValueError, TypeError, AttributeError) as e:
     raise MalformedMessageError(f"malformed message ({len(dat)} bytes): {str(e).splitlines()[0][:200]}") from None
+  if expect is not None and w != expect: raise MalformedMessageError(f"expected a {expect} message, got {w}")
   return ev
 
 def pub_sock(endpoint: str) -> PubSocket:
@@ -139,10 +143,7 @@ class SubMaster:
   def _recv(self, s: str):
     dat = self.sock[s].receive(non_blocking=True)
     if dat is None: return None
-    try:
-      msg = log_from_bytes(dat)
-      if msg.which() != s: raise MalformedMessageError(f"expected a {s} message, got {msg.which()}")
-      return msg
+    try: return log_from_bytes(dat, expect=s)
     except MalformedMessageError as e:
       self.malformed[s] += 1
       logger.warning("dropped malformed message on %s (%d so far): %s", s, self.malformed[s], e)
