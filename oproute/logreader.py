@@ -9,7 +9,7 @@ decoded (the events before the cut are read). Bytes that are not a whole, valid 
 `warnings`, never yielded; an event of a union member this schema does not know is yielded as an `UnknownEvent`.
 """
 from __future__ import annotations
-import bz2, enum, logging, re, struct, sys
+import bz2, enum, glob, logging, re, struct, sys
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Iterator
@@ -135,31 +135,40 @@ def routes_of(files: list[Path]) -> list[str]:
   return list(dict.fromkeys(str(f.parent.parent / route_name(f.parent)) if segment_number(f.parent) >= 0 else str(f.parent) for f in files))
 
 SLICE = re.compile(r"-?\d+|-?\d*:-?\d*(?::-?\d+)?")
+DASH_SLICE = re.compile(rf"(.+?)--({SLICE.pattern})")   # ROUTE--2, ROUTE--0:2, ROUTE---1: the shortest route name
 
 def parse_identifier(identifier: str | Path) -> tuple[Path, str | None, str | None]:
-  """(path, segment slice, mode) of a route identifier as openpilot writes them: `ROUTE/2`, `ROUTE/2:5`, `ROUTE/-1`,
-  `ROUTE/q`, `ROUTE/1:3/a` (a path that exists is taken as it is)."""
+  """(path, segment slice, mode) of a route identifier as openpilot writes them: a slice after `/` or `--` (`ROUTE/2`,
+  `ROUTE/2:5`, `ROUTE/-1`, `ROUTE--2`, `ROUTE--0:2`), then a mode (`ROUTE/q`, `ROUTE/1:3/a`, `ROUTE--1:3/a`). A path
+  that exists is taken as it is, and so is a route name whose segments sit beside it (`realdata/ROUTE`)."""
   p = Path(identifier)
-  if p.exists() or len(p.parts) < 2: return p, None, None
-  *rest, last = p.parts
-  mode = last if last in MODES else None
-  if mode is not None: *rest, last = rest or [""]
-  sl = last if rest and SLICE.fullmatch(last) else None
-  if sl is None and mode is not None: rest.append(last)
-  return (Path(*rest), sl, mode) if rest and (sl or mode) else (p, None, None)
+  if p.exists(): return p, None, None
+  mode = None
+  if len(p.parts) > 1 and p.name in MODES: p, mode = p.parent, p.name
+  if len(p.parts) > 1 and SLICE.fullmatch(p.name): return p.parent, p.name, mode
+  if not p.exists() and (m := DASH_SLICE.fullmatch(p.name)) and not any(d.is_dir() for d in p.parent.glob(f"{glob.escape(p.name)}--*")):
+    return p.with_name(m.group(1)), m.group(2), mode
+  return p, None, mode
 
-def select_segments(segs: list[Path], sl: str, where: Path) -> list[Path]:
+def select_segments(segs: list[Path], sl: str, where: str) -> list[Path]:
   """The segments a slice names, as openpilot's segment ranges do: `N` one segment (negative: from the end), `A:B[:S]`
-  a Python slice over the numbers 0..last."""
+  a Python slice over the segment numbers: over 0..B-1 when both bounds are given and not negative, else over 0..last.
+  A segment named that the route does not have is an error (where: the identifier, for the messages)."""
   if len(routes := {route_name(d) for d in segs}) > 1:
     raise ValueError(f"{where}: holds {len(routes)} routes ({', '.join(sorted(routes))}): a segment range needs one route")
   by_n, last = {segment_number(d): d for d in segs}, max(segment_number(d) for d in segs)
+  has = f"the route has {', '.join(map(str, sorted(by_n)))}"
   try:
-    if ":" in sl: wanted = list(range(last + 1))[slice(*(int(x) if x else None for x in sl.split(":")))]
+    if ":" in sl:
+      bounds = [int(x) if x else None for x in sl.split(":")]
+      start, stop = bounds[0], bounds[1]
+      n = stop if stop is not None and stop >= 0 and (start is None or start >= 0) else last + 1
+      wanted = list(range(n))[slice(*bounds)]
     else: wanted = [int(sl) + (last + 1 if int(sl) < 0 else 0)]
-  except ValueError as e: raise ValueError(f"{where}/{sl}: not a segment range ({e})") from None
+  except ValueError as e: raise ValueError(f"{where}: not a segment range ({e})") from None
+  if not wanted: raise FileNotFoundError(f"{where}: the range names no segment ({has})")
   if missing := [n for n in wanted if n not in by_n]:
-    raise FileNotFoundError(f"{where}/{sl}: no segment(s) {', '.join(map(str, missing))} (the route has {', '.join(map(str, sorted(by_n)))})")
+    raise FileNotFoundError(f"{where}: no segment{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing)) if ':' in sl else sl} ({has})")
   return [by_n[n] for n in wanted]
 
 def route_segments(identifier: str | Path) -> tuple[list[Path], str | None]:
@@ -167,7 +176,7 @@ def route_segments(identifier: str | Path) -> tuple[list[Path], str | None]:
   p, sl, mode = parse_identifier(identifier)
   if not p.exists() and not p.parent.is_dir(): raise FileNotFoundError(f"{p}: no such log, segment or route")
   segs = segment_dirs(p)
-  return (select_segments(segs, sl, p) if sl else segs), mode
+  return (select_segments(segs, sl, str(identifier)) if sl else segs), mode
 
 def log_files(identifier: str | Path | list, mode: str = "r") -> list[Path]:
   """The log files of log files, segments and routes, in order (a segment without the mode's log is an error). A route
@@ -289,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
   import argparse
   ap = argparse.ArgumentParser(prog="python -m oproute", description="Summarise a route, segment or log file: events per service and time span.")
   ap.add_argument("path", nargs="+", help="log file (rlog/qlog, .zst/.bz2/plain), segment folder, route folder or route name "
-                  "(a route may end in a segment range and a mode, as openpilot's: ROUTE/2:4/q)")
+                  "(a route may end in a segment range and a mode, as openpilot's: ROUTE/2:4/q, ROUTE--2:4)")
   ap.add_argument("--mode", choices=MODES, default="a", help="r: rlogs, q: qlogs, a (or i): rlog where there is one (default)")
   ap.add_argument("--finalize", action="store_true", help="first rewrite each log a crash left unfinished (zstd frames "
                   "without their size) or a copy cut short, which one-shot readers such as openpilot's LogReader refuse, "

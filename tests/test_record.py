@@ -1,5 +1,5 @@
 """modeld-record as a real process over real pub/sub, and LogReader on what it wrote (and on damaged files)."""
-import bz2, gc, os, signal, subprocess, sys, time
+import bz2, gc, os, re, signal, subprocess, sys, time
 from pathlib import Path
 import pytest
 import zstandard as zstd
@@ -295,8 +295,8 @@ def test_logreader_paths(tmp_path):
 def speeds(lr) -> list[float]: return [ev.carState.vEgo for ev in lr]   # for run_across_segments: a function its processes can import
 
 def test_logreader_openpilot_identifiers(tmp_path):
-  """openpilot's ways to name what to read: segment ranges and modes after a route (`ROUTE/1:3/q`), ReadMode, a folder
-  holding several routes (read route by route), run_across_segments, reset."""
+  """openpilot's ways to name what to read: segment ranges and modes after a route (`ROUTE/1:3/q`, `ROUTE--1:3`),
+  ReadMode, a folder holding several routes (read route by route), run_across_segments, reset."""
   from oproute import ReadMode
   route = tmp_path / "r"
   for n in range(4):
@@ -307,9 +307,16 @@ def test_logreader_openpilot_identifiers(tmp_path):
   assert v(LogReader(f"{route}/2")) == [2] and v(LogReader(f"{route}/-1")) == [3] and v(LogReader(f"{route}/1:3")) == [1, 2]
   assert v(LogReader(f"{route}/::2/q")) == [10, 12] and v(LogReader(f"{route}/q")) == [10, 11, 12, 13]
   assert v(LogReader(f"{route}/:2", ReadMode.QLOG)) == [10, 11] and v(LogReader(f"{route}/:2/r", "q")) == [0, 1]
+  # the range after `--` as well (a segment's name when one number): ROUTE--2, ROUTE--1:3/q, ROUTE---1 (the last)
+  assert v(LogReader(f"{route}--2")) == [2] and v(LogReader(f"{route}--1:3/q")) == [11, 12] and v(LogReader(f"{route}---1")) == [3]
+  # a segment, or range, the route does not have is an error naming those it has, never a silent shorter read
+  for ident, missing in (("/7", "segment 7"), ("--7", "segment 7"), ("/-5", "segment -5"), ("/0:9", "segments 4, 5, 6, 7, 8"),
+                         ("--2:6", "segments 4, 5")):
+    with pytest.raises(FileNotFoundError, match=rf"^{re.escape(f'{route}{ident}')}: no {missing} \(the route has 0, 1, 2, 3\)$"): LogReader(f"{route}{ident}")
+  with pytest.raises(FileNotFoundError, match=r"/5:: the range names no segment \(the route has 0, 1, 2, 3\)$"): LogReader(f"{route}/5:")
+  assert v(LogReader(f"{route}/2:")) == [2, 3] and v(LogReader(f"{route}/-3:9")) == [1, 2, 3]   # open or relative: what exists
   (route / "r--1" / LOG_NAME).unlink()
   assert v(LogReader(route, ReadMode.AUTO_INTERACTIVE)) == v(LogReader(f"{route}/a")) == [0, 11, 2, 3]
-  with pytest.raises(FileNotFoundError, match=r"no segment\(s\) 7 \(the route has 0, 1, 2, 3\)"): LogReader(f"{route}/7")
   with pytest.raises(ValueError, match="default_mode must be one of"): LogReader(route, "x")
   assert LogReader(route, "a").run_across_segments(2, speeds, disable_tqdm=True) == [0, 11, 2, 3]
   lr = LogReader(route, "a")
@@ -323,6 +330,7 @@ def test_logreader_openpilot_identifiers(tmp_path):
     write_log(dev / f"{name}--{n}" / LOG_NAME, [car(x)])
   assert [d.name for d in segment_dirs(dev)] == ["A--0", "A--1", "B--0", "B--1"] and v(LogReader(dev)) == [30, 31, 20, 21]
   assert v(LogReader(dev / "B")) == [20, 21] and v(LogReader(f"{dev}/B/1")) == [21]
+  assert v(LogReader(f"{dev}/B--1")) == [21] and v(LogReader(f"{dev}/B--0:2")) == [20, 21]   # a segment folder as it is; a range
   with pytest.raises(ValueError, match="holds 2 routes .A, B.: a segment range needs one route"): LogReader(f"{dev}/0")
 
 def test_record_cli_errors(tmp_path):
