@@ -22,6 +22,8 @@ MAX_BAD_PACKETS = 100     # consecutive undecodable packets before a video count
 # openpilot's cameras run at the rate of their camera states (one per frame), all at one rate (the unpacking fails if the
 # services table ever says otherwise): videos are written at it, and read at it when they have no rate of their own (raw HEVC)
 (DEFAULT_FPS,) = {SERVICES[c.state].frequency for c in CAMERAS.values()}
+# FFmpeg's demuxers of raw H.265/H.264 streams: no container, no timestamps; the rate they report is their own default (25)
+RAW_FORMATS = {"hevc", "h264"}
 KEYFRAME_FLAG = 0x8       # EncodeIndex.flags of a keyframe (V4L2's keyframe buffer flag, as openpilot's encoder sets)
 ENCODE_IDX_OF = {c.encode_idx: name for name, c in CAMERAS.items()}
 
@@ -63,7 +65,7 @@ class VideoDecoder:
     if self.width <= 0 or self.height <= 0 or self.width % 2 or self.height % 2:
       self.container.close()
       raise VideoError(f"{path}: video is {self.width}x{self.height}; NV12 buffers need a positive even width and height")
-    rate = st.average_rate or st.guessed_rate or st.base_rate
+    rate = None if self.container.format.name in RAW_FORMATS else st.average_rate or st.guessed_rate or st.base_rate
     self.fps = float(rate) if rate and 0 < float(rate) < 1000 else DEFAULT_FPS
 
   def frames(self) -> Iterator[av.VideoFrame]:

@@ -230,9 +230,9 @@ def test_signal_exits_clean(scene_file, sig):
 
 # ---- video files
 def make_video(path: Path, codec: str, n: int = 12, w: int = 160, h: int = 96, fmt: str | None = None, phase: int = 0,
-               pix_fmt: str = "yuv420p") -> Path:
+               pix_fmt: str = "yuv420p", rate: int = 20) -> Path:
   c = av.open(str(path), "w", format=fmt)
-  st = c.add_stream(codec, rate=20)
+  st = c.add_stream(codec, rate=rate)
   st.width, st.height, st.pix_fmt = w, h, pix_fmt
   if codec == "libx265": st.codec_context.options = {"preset": "ultrafast", "tune": "zerolatency", "x265-params": "log-level=error"}
   x = np.arange(w)[None, :] + 2 * np.arange(h)[:, None]
@@ -275,6 +275,18 @@ def test_video_files_decoded_into_buffers(tmp_path, wide):
     assert rc == 0 and ids == list(range(10)), f"{ids}\n{err}"   # the shorter file ends the source
   finally:
     if p.poll() is None: p.kill()
+
+def test_video_rate_of_its_container_or_the_cameras(tmp_path):
+  """A video file is served at its container's rate; a raw HEVC or H.264 stream has none (FFmpeg's demuxer reports 25,
+  whatever it holds), so it is served at the cameras' rate, as openpilot's fcamera.hevc was recorded."""
+  from camerad.sources import open_source
+  from oproute.video import DEFAULT_FPS
+  if not _has_encoder("libx265"): pytest.skip("this FFmpeg has no HEVC encoder (libx265) to make the file")
+  for name, codec, fmt, want in (("f.hevc", "libx265", "hevc", DEFAULT_FPS), ("f.h264", "libx264", "h264", DEFAULT_FPS),
+                                 ("f.mp4", "libx264", None, 10), ("f.ts", "libx264", "mpegts", 10)):
+    src = open_source([f"road={make_video(tmp_path / name, codec, n=3, fmt=fmt, rate=10)}"])
+    try: assert src.fps == want, f"{name}: served at {src.fps} frames/s, expected {want}"
+    finally: src.close()
 
 def test_bad_video_files(tmp_path):
   """Undecodable or missing files are a clear error (exit 1), a file cut short serves what it holds (exit 0), a damaged
