@@ -145,15 +145,15 @@ class CameraVideo:
       return None
     seg, i = where
     if seg != self._seg:
-      if self._seg is not None and seg < self._seg: return self._missing(frame_id)
+      if self._seg is not None and seg < self._seg: return self._missing()
       self._open(seg)
     while self._n < i:
-      if (f := next(self._frames, None)) is None: return self._missing(frame_id)
+      if (f := next(self._frames, None)) is None: return self._missing()
       self._n += 1
       if self._n == i: return f
-    return self._missing(frame_id)   # asked for a picture already passed
+    return self._missing()   # asked for a picture already passed
 
-  def _missing(self, frame_id: int) -> None:
+  def _missing(self) -> None:
     self.skipped[f"{self.camera} frame missing from the video"] += 1
     return None
 
