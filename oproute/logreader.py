@@ -9,7 +9,7 @@ decoded (the events before the cut are read). Bytes that are not a whole, valid 
 `warnings`, never yielded; an event of a union member this schema does not know is yielded as an `UnknownEvent`.
 """
 from __future__ import annotations
-import bz2, enum, glob, logging, re, struct, sys
+import bz2, enum, glob, io, logging, re, struct, sys
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Iterator
@@ -65,11 +65,14 @@ def split_messages(data: bytes) -> tuple[list[tuple[int, bytes]], int]:
 def read_log_file(path: str | Path) -> tuple[bytes, str | None]:
   """The decompressed content of a log file (zstd, bzip2 or plain, told by its magic bytes) and a warning when the
   compressed data ends early or is damaged (what came before it is returned)."""
-  with open(path, "rb") as f:
-    head = f.read(4)
-    f.seek(0)
-    if head == ZSTD_MAGIC: return _zstd_content(f)
-    data = f.read()
+  with open(path, "rb") as f: return decompress(f)
+
+def decompress(f: BinaryIO) -> tuple[bytes, str | None]:
+  """read_log_file of an open binary file (or io.BytesIO)."""
+  head = f.read(4)
+  f.seek(0)
+  if head == ZSTD_MAGIC: return _zstd_content(f)
+  data = f.read()
   if not head.startswith(BZ2_MAGIC): return data, None
   d, out = bz2.BZ2Decompressor(), []
   try:
@@ -228,8 +231,9 @@ class LogReader:
 
   @classmethod
   def from_bytes(cls, dat: bytes, **kwargs) -> LogReader:
+    """The events of a log's bytes: zstd, bzip2 or plain, as a log file."""
     lr = cls(None, **kwargs)
-    lr._data = dat
+    lr._data, lr._data_problem = decompress(io.BytesIO(dat))
     return lr
 
   def _warn(self, msg: str) -> None:
@@ -254,7 +258,9 @@ class LogReader:
     yield from out
 
   def raw(self) -> Iterator[tuple[bytes, object]]:
-    if self._data is not None: yield from self._events("<bytes>", self._data)
+    if self._data is not None:
+      if self._data_problem: self._warn(f"<bytes>: {self._data_problem}")
+      yield from self._events("<bytes>", self._data)
     for f in self.files:
       data, problem = read_log_file(f)
       if problem: self._warn(f"{f}: {problem}")

@@ -245,6 +245,10 @@ def test_compressions_bad_bytes_and_unknown_events(tmp_path):
   for name, data in (("rlog.zst", zstd.ZstdCompressor().compress(b"".join(msgs))), ("rlog.bz2", bz2.compress(b"".join(msgs))), ("rlog", b"".join(msgs))):
     (tmp_path / name).write_bytes(data)
     assert [d for d, _ in LogReader(tmp_path / name).raw()] == msgs, name
+    assert [d for d, _ in LogReader.from_bytes(data).raw()] == msgs, name   # the bytes of a file, as openpilot's
+  cut = LogReader.from_bytes(zstd.ZstdCompressor().compress(b"".join(msgs))[:-3])
+  got = [d for d, _ in cut.raw()]
+  assert got == msgs[:len(got)] and cut.warnings[0].startswith("<bytes>: compressed data ends early")
   # a newer openpilot's member: the Event's union discriminant (its first data word, bits 32..47) set past this schema's
   newer = car(9)
   words = bytearray(newer)   # one segment: an 8-byte segment table, the root pointer, then the Event's data section
