@@ -10,7 +10,8 @@ import argparse, logging, sys, time
 import numpy as np
 from modeld_service import Stats, StopFlag, Watchdog, notify, set_process_title, setup_logging
 from cereal import log as capnp_log, messaging
-from cereal.services import CAMERA_OF_STREAM as CAMERA_OF, CAMERA_STATE_SERVICES, SERVICES, road_streams
+from cereal.services import (ANSWERS, CAMERA_OF_STREAM as CAMERA_OF, CAMERA_STATE_SERVICES, DMONITORINGD_OUTPUTS, SERVICES,
+                             road_streams)
 from msgq import IpcError
 from msgq.pubsub import RECONNECT_IVL_MAX_S
 from msgq.visionipc import DRIVER, NV12Layout, VisionIpcServer
@@ -183,7 +184,6 @@ class FrameWriter:
     self.last.update(ids)
     return {s: (i, *((sof, eof) if self.clock is None else self.clock.times(tick, s, eof - sof))) for s, i in ids.items()}
 
-DRIVER_ANSWERS = ("driverStateV2", "driverMonitoringState")   # answer a driver frame; any other service a road frame
 # messages and frames travel on separate sockets: in lockstep, the messages that come before a frame get this long to be
 # taken in by the daemons (idle, waiting for that frame) before the frame goes out, so they apply to it and not later
 LOCKSTEP_SETTLE_S = 0.005
@@ -202,8 +202,7 @@ class Lockstep:
   def answers(self, streams) -> dict[str, int]:
     """What answers a frame of these streams, and the stream whose frame id it carries: modeld's modelV2 the main
     camera's frame, dmonitoringd's driverStateV2 the driver's (or the --lockstep-services given)."""
-    services = self.explicit or ["modelV2", "driverStateV2"]
-    out = {s: DRIVER if s in DRIVER_ANSWERS else self.main for s in services}
+    out = {s: DRIVER if s in DMONITORINGD_OUTPUTS else self.main for s in self.explicit or ANSWERS}   # any other service: a road frame
     return {s: stream for s, stream in out.items() if stream in streams}
 
   def wait_for_clients(self, server: VisionIpcServer, streams, pm, since: float) -> None:

@@ -13,17 +13,14 @@ from dataclasses import dataclass, field
 from collections.abc import Callable, Iterator
 import numpy as np
 from cereal import messaging
-from cereal.services import CAMERAS, SERVICES
+from cereal.services import CAMERAS, DAEMON_OUTPUTS, SERVICES, STREAM_OF_STATE
 from msgq.visionipc import NV12Layout
 from camerad.render import SceneRenderer
 from camerad.scene import SceneError, load_scene
 from oproute.logreader import LogReader, log_files, parse_identifier, routes_of
-from oproute.video import DEFAULT_FPS, CameraVideo, EncodeIndex, VideoDecoder, VideoError, fill_frame
+from oproute.video import DEFAULT_FPS, ENCODE_IDX_OF, CameraVideo, EncodeIndex, VideoDecoder, VideoError, fill_frame
 
 STREAMS = {name: c.stream for name, c in CAMERAS.items()}
-STATE_STREAM = {c.state: c.stream for c in CAMERAS.values()}
-# what modeld and dmonitoringd publish: a log replay leaves these to the running daemons
-DAEMON_OUTPUTS = ("modelV2", "drivingModelData", "cameraOdometry", "driverStateV2", "driverMonitoringState")
 
 class SourceError(Exception):
   """A source that cannot be served: the message names what and why (a VideoError says it of one video file)."""
@@ -165,7 +162,7 @@ class LogSource(Source):
                         "no camera states in the log" if not cams else f"{', '.join(cams)} recorded without video") +
                         ". Give --messages-only to republish the messages alone.")
     self.replay = [s for s in recorded if s in SERVICES and (s in services if services else s not in DAEMON_OUTPUTS)
-                   and STATE_STREAM.get(s) not in self.streams and not s.endswith("EncodeIdx")]
+                   and STREAM_OF_STATE.get(s) not in self.streams and s not in ENCODE_IDX_OF]
     self.services = tuple(self.replay)
     self.fps = DEFAULT_FPS
 
@@ -174,7 +171,7 @@ class LogSource(Source):
     seen, index, sensor = {}, EncodeIndex(), {}
     for ev in LogReader(self.files):
       w = ev.which()
-      if not index.add(ev) and (s := STATE_STREAM.get(w)) is not None and s not in sensor: sensor[s] = str(getattr(ev, w).sensor)
+      if not index.add(ev) and (s := STREAM_OF_STATE.get(w)) is not None and s not in sensor: sensor[s] = str(getattr(ev, w).sensor)
       seen[w] = True
     return list(seen), index, sensor
 
@@ -188,7 +185,7 @@ class LogSource(Source):
     try:
       for dat, ev in LogReader(self.files, sort_by_time=True).raw():
         w, t = ev.which(), ev.logMonoTime / 1e9
-        if (stream := STATE_STREAM.get(w)) in self.streams:
+        if (stream := STREAM_OF_STATE.get(w)) in self.streams:
           st = getattr(ev, w)
           if st.frameId < start: continue
           if tick is not None and (tick.index != st.frameId or stream in tick.frames):

@@ -36,21 +36,35 @@ SERVICES: dict[str, Service] = {
   "liveDelay": Service(4., True, 1),
 }
 
+# what each model daemon publishes for a frame it runs, the answer first: its frameId is the frame's (modeld's: its main
+# camera's, see road_streams; the wide frame's id is modelV2.frameIdExtra when there is a road camera)
+MODELD_OUTPUTS = ("modelV2", "drivingModelData", "cameraOdometry")
+DMONITORINGD_OUTPUTS = ("driverStateV2", "driverMonitoringState")
+DAEMON_OUTPUTS = MODELD_OUTPUTS + DMONITORINGD_OUTPUTS
+
 @dataclass(frozen=True)
 class Camera:
   stream: int        # VisionIPC stream type
   state: str         # camera-state service, one FrameData per frame
   encode_idx: str    # EncodeIndex service of its video
   video: str         # the video file in a route segment (HEVC)
+  outputs: tuple[str, ...]   # what the daemon that runs its frames publishes (MODELD_OUTPUTS or DMONITORINGD_OUTPUTS)
+
+  @property
+  def answer(self) -> str:
+    """The output whose frameId names the frame it was computed from."""
+    return self.outputs[0]
 
 # openpilot's cameras
 CAMERAS: dict[str, Camera] = {
-  "road": Camera(VisionStreamType.ROAD, "roadCameraState", "roadEncodeIdx", "fcamera.hevc"),
-  "driver": Camera(VisionStreamType.DRIVER, "driverCameraState", "driverEncodeIdx", "dcamera.hevc"),
-  "wide": Camera(VisionStreamType.WIDE_ROAD, "wideRoadCameraState", "wideRoadEncodeIdx", "ecamera.hevc"),
+  "road": Camera(VisionStreamType.ROAD, "roadCameraState", "roadEncodeIdx", "fcamera.hevc", MODELD_OUTPUTS),
+  "driver": Camera(VisionStreamType.DRIVER, "driverCameraState", "driverEncodeIdx", "dcamera.hevc", DMONITORINGD_OUTPUTS),
+  "wide": Camera(VisionStreamType.WIDE_ROAD, "wideRoadCameraState", "wideRoadEncodeIdx", "ecamera.hevc", MODELD_OUTPUTS),
 }
 CAMERA_OF_STREAM = {c.stream: name for name, c in CAMERAS.items()}
 CAMERA_STATE_SERVICES = {c.stream: c.state for c in CAMERAS.values()}
+STREAM_OF_STATE = {c.state: c.stream for c in CAMERAS.values()}
+ANSWERS = tuple(dict.fromkeys(c.answer for c in CAMERAS.values()))   # modelV2, driverStateV2: one per frame a daemon runs
 
 def road_streams(streams) -> tuple[int, ...] | None:
   """The streams the road model takes of those served, main first: road (wide road when there is no road), then wide

@@ -65,7 +65,7 @@ def artifact_layouts(arts: dict, streams: dict[int, tuple[int, int]]) -> dict:
 def replay_segment(src: str, out: str, runners: Runners) -> dict:
   """Run segment src through the daemons' frame models; returns its counts."""
   from cereal import messaging
-  from cereal.services import CAMERA_STATE_SERVICES, CAMERAS, road_streams
+  from cereal.services import ANSWERS, CAMERA_STATE_SERVICES, CAMERAS, road_streams
   from camerad.sources import LogSource
   from camerad.main import FrameWriter, camera_state
   from modeld_service import Stats
@@ -73,7 +73,7 @@ def replay_segment(src: str, out: str, runners: Runners) -> dict:
   from modeld.model import RoadModel
   from msgq.visionipc import DRIVER
   from oproute.logreader import LogReader, segment_log
-  from oproute.video import VideoError
+  from oproute.video import ENCODE_IDX_OF, VideoError
   from oproute.writer import LogFile, init_data
   t0 = time.monotonic()
   source = LogSource([src], decode_threads=1)   # a worker keeps to its core: the job scales by workers
@@ -91,7 +91,7 @@ def replay_segment(src: str, out: str, runners: Runners) -> dict:
   rlog = LogFile(tmp / "rlog.zst")
   rlog.write(init_data())
   for dat, ev in LogReader(segment_log(Path(src), "a")).raw():
-    if ev.which().endswith("EncodeIdx"): rlog.write(dat)
+    if ev.which() in ENCODE_IDX_OF: rlog.write(dat)
   writer, bufs = FrameWriter(source, lockstep=True), {s: runners.buf(s, l) for s, l in layouts.items()}
   frames, invalid, model_s, last, pending, served = 0, 0, 0., {}, [], dict.fromkeys(layouts, 0)
   for tick in source.ticks():
@@ -110,7 +110,7 @@ def replay_segment(src: str, out: str, runners: Runners) -> dict:
     for svc, msg in msgs:
       rlog.write(dat := msg.to_bytes())
       pending.append(ev := messaging.log_from_bytes(dat))
-      if svc in ("modelV2", "driverStateV2"):
+      if svc in ANSWERS:
         frame_invalid |= not ev.valid
         model_s += getattr(ev, svc).modelExecutionTime
     frames, invalid = frames + 1, invalid + frame_invalid

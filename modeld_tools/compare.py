@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from collections.abc import Callable
 import numpy as np
+from cereal.services import STREAM_OF_STATE
 from oproute import LogReader, log_files
 
 def _xyz(d) -> list: return [d.x, d.y, d.z]
@@ -49,7 +50,7 @@ def route_outputs(route, services=tuple(FIELDS)) -> tuple[dict[str, dict[int, di
     if w in out:
       m = getattr(ev, w)
       out[w][m.frameId] = {k: _flat(f(m)) for k, f in FIELDS[w].items()}
-    elif w.endswith("CameraState"):
+    elif w in STREAM_OF_STATE:
       st = getattr(ev, w)
       sources.setdefault(w, {})[st.frameId] = st.frameIdSensor
   return out, sources

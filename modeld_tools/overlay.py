@@ -18,7 +18,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 from cereal.services import CAMERAS
 from modelrt.constants import DM_HEIGHT, DM_WIDTH, X_IDXS
-from modelrt.calibration import camera_for, sensor_name
+from modelrt.calibration import DEFAULT_SENSOR, camera_for, sensor_name
 from modelrt.geometry import CameraConfig, camera_config, camera_from_calib, dm_warp_matrix
 from msgq.visionipc.layout import NV12Layout
 
@@ -60,7 +60,7 @@ class FrameMsgs:
   dm_state: object = None       # driverMonitoringState
   rpy: tuple = (0., 0., 0.)
   height: float = CAM_HEIGHT
-  sensor: str = 'ar0231'
+  sensor: str = DEFAULT_SENSOR
   cam: CameraConfig | None = None       # the scene's camera, when the frames come from a scene
 
 class Painter:
@@ -185,7 +185,7 @@ def route_msgs(route: str, camera: str) -> tuple[dict[int, FrameMsgs], object]:
   calib, sensor, last_driver = None, None, None
   def frame(fid: int) -> FrameMsgs:
     if fid not in out:
-      out[fid] = FrameMsgs(fid, sensor=sensor or 'ar0231')
+      out[fid] = FrameMsgs(fid, sensor=sensor or DEFAULT_SENSOR)
       if calib is None: uncalibrated.append(out[fid])
       else: out[fid].rpy, out[fid].height = calib
     return out[fid]
@@ -214,7 +214,7 @@ def route_msgs(route: str, camera: str) -> tuple[dict[int, FrameMsgs], object]:
 def route_frames(route: str, camera: str, scene: str | None, frames: int | None, background: str, start: int = 0) -> tuple[int, Iterator]:
   msgs, video = route_msgs(route, camera)
   msgs = {fid: m for fid, m in msgs.items() if fid >= start}
-  if not msgs: raise SystemExit(f"modeld-overlay: {route}: no {'driverStateV2' if camera == 'driver' else 'modelV2'} "
+  if not msgs: raise SystemExit(f"modeld-overlay: {route}: no {CAMERAS[camera].answer} "
                                 f"messages for the {camera} camera in the route{f' from frame {start} on' if start else ''}")
   ids = list(msgs)[:frames]
   if background == 'auto': background = 'video' if video else 'scene' if scene else 'blank'
@@ -259,7 +259,7 @@ def live_frames(name: str, camera: str, frames: int | None, timeout: float) -> t
       raise SystemExit(f"modeld-overlay: no camera server {name!r} serving the {camera} camera after {timeout:g} s "
                        f"(is camerad running, with the same OPENPILOT_PREFIX?)")
     time.sleep(0.1)
-  services = ['driverStateV2', 'driverMonitoringState'] if camera == 'driver' else ['modelV2']
+  services = list(CAMERAS[camera].outputs) if camera == 'driver' else [CAMERAS[camera].answer]   # what is drawn
   services += ['liveCalibration', state_svc]
   poller = Poller()
   socks = [sub_sock(s, poller=poller) for s in services]   # in this order: a driverMonitoringState after its driverStateV2
@@ -269,7 +269,7 @@ def live_frames(name: str, camera: str, frames: int | None, timeout: float) -> t
   def gen():
     kept: dict[int, tuple] = {}
     ms: dict[int, FrameMsgs] = {}
-    rpy, height, sensor, done, idle, last_driver = (0., 0., 0.), CAM_HEIGHT, 'ar0231', 0, time.monotonic(), None
+    rpy, height, sensor, done, idle, last_driver = (0., 0., 0.), CAM_HEIGHT, DEFAULT_SENSOR, 0, time.monotonic(), None
     try:
       while frames is None or done < frames:
         if (buf := client.recv(timeout_ms=20)) is not None:

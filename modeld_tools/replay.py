@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse, os, shutil, signal, subprocess, sys, tempfile, time
 from datetime import datetime
 from pathlib import Path
-from cereal.services import CAMERA_STATE_SERVICES, CAMERAS, road_streams
+from cereal.services import CAMERA_OF_STREAM, CAMERA_STATE_SERVICES, CAMERAS, STREAM_OF_STATE, road_streams
+from msgq.visionipc import DRIVER
 from msgq import runtime_dir
 from oproute import LogReader, log_files
 from oproute.video import EncodeIndex
@@ -23,7 +24,7 @@ def route_cameras(route: list[str]) -> list[str]:
   """The cameras whose frames the route can serve: camera states and EncodeIdx events of them."""
   index, states = EncodeIndex(), set()
   for ev in LogReader(log_files(route, "a")):
-    if not index.add(ev) and ev.which().endswith("CameraState"): states.add(ev.which())
+    if not index.add(ev) and ev.which() in STREAM_OF_STATE: states.add(ev.which())
   return [c for c, cam in CAMERAS.items() if c in index.frames and cam.state in states]
 
 class Stack:
@@ -103,11 +104,12 @@ example: modeld-replay realdata/2026-11-30--04-00-00--3 --artifacts artifacts --
   print(f"replayed {', '.join(cameras)} of {' '.join(args.route)} in {time.monotonic() - t0:.1f} s into {out}")
   ref, _ = route_outputs(args.route)
   new, sources = route_outputs(out)
-  main = road_streams({s for s, svc in CAMERA_STATE_SERVICES.items() if svc in sources})   # the camera modelV2 answers
-  frame_map = {"modelV2": sources[CAMERA_STATE_SERVICES[main[0]]] if main else {}, "driverStateV2": sources.get("driverCameraState", {})}
-  new = {svc: {frame_map[svc].get(fid, fid): v for fid, v in outs.items()} for svc, outs in new.items()}
+  streams = {STREAM_OF_STATE[svc] for svc in sources}
+  answered = [*(road_streams(streams) or ())[:1], *({DRIVER} & streams)]   # the streams whose frame ids the answers carry
+  frame_map = {CAMERAS[CAMERA_OF_STREAM[s]].answer: sources[CAMERA_STATE_SERVICES[s]] for s in answered}
+  new = {svc: {frame_map.get(svc, {}).get(fid, fid): v for fid, v in outs.items()} for svc, outs in new.items()}
   if args.frames:   # only the source frames replayed are expected
-    ref = {svc: {fid: v for fid, v in outs.items() if fid <= max(frame_map[svc].values(), default=-1)} for svc, outs in ref.items()}
+    ref = {svc: {fid: v for fid, v in outs.items() if fid <= max(frame_map.get(svc, {}).values(), default=-1)} for svc, outs in ref.items()}
   for svc in FIELDS:
     if not ref[svc]: print(f"the route logged no {svc}: {len(new[svc])} new ones, nothing to compare them with")
   diffs = [d for d in compare(ref, new) if ref[d.service]]

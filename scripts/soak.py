@@ -31,7 +31,7 @@ from tests.artifacts import build
 from tests.daemon_harness import Camera, Daemon, Notify
 from tests.faults import ARTIFACT_DAMAGES, HANDSHAKE_FAULTS, MessageFaults, can_mount_tmpfs, damaged_artifact, full_disk, handshake_fault, usage
 from cereal import messaging
-from cereal.services import CAMERA_STATE_SERVICES
+from cereal.services import CAMERA_STATE_SERVICES, CAMERAS
 from msgq.visionipc import DRIVER, ROAD, WIDE_ROAD, NV12Layout, VisionIpcClient
 from msgq.visionipc.wire import socket_path
 from modeld.model import RoadModel as ModelD
@@ -40,7 +40,7 @@ from oproute.logreader import LogReader, segment_dirs
 
 W, H = 160, 96   # every camera: small frames keep camerad and the warps cheap; the faults do not depend on the size
 LAYOUT = NV12Layout.packed(W, H)
-ANSWERS = {'roadCameraState': 'modelV2', 'driverCameraState': 'driverStateV2'}   # a frame and the output that answers it
+ANSWERS = {CAMERAS[c].state: CAMERAS[c].answer for c in ('road', 'driver')}   # a frame and the output that answers it
 MiB = 1024 * 1024
 
 def scene(path: pathlib.Path) -> pathlib.Path:

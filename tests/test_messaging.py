@@ -70,6 +70,16 @@ def test_event_union_has_every_service_and_services_have_rates():
   assert set(CAMERA_STATE_SERVICES.values()) <= set(SERVICES)
   assert SERVICES["modelV2"].frequency == 20 and SERVICES["carState"].frequency == 100 and SERVICES["liveCalibration"].frequency == 4
 
+def test_cameras_outputs_are_what_the_daemons_publish():
+  """The services table says what answers each camera's frames; the daemons' frame models must publish exactly that."""
+  from cereal.services import CAMERAS, DAEMON_OUTPUTS, ANSWERS
+  from dmonitoringd.model import DriverModel
+  from modeld.model import RoadModel
+  assert CAMERAS["road"].outputs == CAMERAS["wide"].outputs == tuple(RoadModel.PUBLISHES), RoadModel.PUBLISHES
+  assert CAMERAS["driver"].outputs == tuple(DriverModel.PUBLISHES), DriverModel.PUBLISHES
+  assert set(DAEMON_OUTPUTS) == set(RoadModel.PUBLISHES) | set(DriverModel.PUBLISHES) and set(DAEMON_OUTPUTS) <= set(SERVICES)
+  assert ANSWERS == ("modelV2", "driverStateV2")   # the outputs that carry a frame id
+
 def test_schema_has_the_fields_openpilot_consumers_read():
   m = new_message("modelV2").modelV2
   lines = m.init("laneLines", 4)
