@@ -107,7 +107,7 @@ class VideoSource(Source):
     try:
       for s, path in self.files.items():
         decs[s] = VideoDecoder(path, self.skipped, fmt="v4l2" if self.v4l2 else None)
-    except SourceError:
+    except BaseException:   # a file that cannot be opened (VideoError) or anything else: close the ones already open
       for d in decs.values(): d.close()
       raise
     return decs

@@ -316,6 +316,24 @@ def test_bad_video_files(tmp_path):
   rc, err = finish(camerad("--source", f"wide={good}", "--source", f"wide={mp4}"))
   assert rc == 1 and "camera wide given twice" in err
 
+def _open_fds(path: Path) -> int:
+  return sum(os.path.realpath(f"/proc/self/fd/{fd}") == str(path.resolve()) for fd in os.listdir("/proc/self/fd"))
+
+def test_files_opened_before_a_bad_one_are_closed(tmp_path):
+  """A source whose second file cannot be opened closes the first one's decoder before the error goes up (the
+  error's traceback keeps the decoders' frame alive: nothing else would close them)."""
+  from camerad.sources import VideoSource
+  from oproute.video import VideoError
+  good = make_video(tmp_path / "good.mp4", "libx264", n=2)
+  (tmp_path / "garbage.mp4").write_bytes(np.random.default_rng(0).bytes(5000))
+  with pytest.raises(VideoError, match="garbage.mp4: cannot open as video") as e:
+    VideoSource({ROAD: str(good), WIDE_ROAD: str(tmp_path / "garbage.mp4")})
+  assert _open_fds(good) == 0, f"{good} is still open after {e.value}"
+  src = VideoSource({ROAD: str(good)})   # the check can fail: an open decoder shows
+  assert _open_fds(good) == 1
+  src.close()
+  assert _open_fds(good) == 0
+
 def test_v4l2_device():
   devices = sorted(str(p) for p in Path("/dev").glob("video*"))
   if not devices: pytest.skip("no V4L2 device (/dev/video*) on this machine")
