@@ -5,7 +5,7 @@
 - Watchdog: sends WATCHDOG=1 at half of $WATCHDOG_USEC (only if $WATCHDOG_PID is unset or names this process).
 - setup_logging(): one line per record on stderr. Under journald ($JOURNAL_STREAM set) each line starts with the
   syslog priority '<N>' so the journal keeps the level; elsewhere with a timestamp. Values go as key=value. Repeated
-  warnings and errors from one call site are rate-limited.
+  warnings and errors are rate-limited (RateLimit); what is still held back is written at exit.
 - StopFlag: SIGTERM/SIGINT set a flag the loop checks; the loop finishes its frame and cleans up.
 - Stats: counters, gauges and timings summarised every `interval` seconds at info level, so a healthy daemon logs a
   line per interval, never one per frame; STATUS= carries that line and the counters' totals since the start (a
@@ -63,29 +63,70 @@ class _Formatter(logging.Formatter):
     head = f"<{_PRIORITY.get(record.levelno, 6)}>" if self.journald else time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(record.created)) + ' '
     return f"{head}{record.levelname.lower()} {record.name}: {msg}"
 
+class _Site:
+  """One call site's state in RateLimit."""
+  def __init__(self, tokens: float, now: float):
+    self.tokens, self.t = tokens, now            # messages it may still show now, as of time t
+    self.held, self.last = 0, None               # held back since its last message shown, and the last of them
+
 class RateLimit(logging.Filter):
-  """Warnings and errors of the same call site (logger and message template) at most once per `interval` s; the next
-  one that passes says how many were held back. A broken producer at 100 Hz must not flood the journal."""
-  def __init__(self, interval: float = 10.):
+  """Warnings and errors: the same message (logger, level and text) at most once per `interval` s, and of one call
+  site (logger and message template) a burst of at most `burst` distinct messages, then one per `interval` s. So
+  distinct diagnostics logged together (a reason per camera, per damaged file) all show, while a broken producer at
+  100 Hz, whose messages differ only in a count or a frame id, cannot flood the journal. The next message of a call
+  site that passes says how many were held back; held_back() gives, per call site, the last one still held back with
+  the count (setup_logging's handler logs them at exit)."""
+  def __init__(self, interval: float = 10., burst: int = 10):
     super().__init__()
-    self.interval, self.seen = interval, {}
+    self.interval, self.burst = interval, burst
+    self.shown: dict[tuple, float] = {}   # (logger, level, message) -> when it was last let through
+    self.sites: dict[tuple, _Site] = {}   # (logger, template) -> its state
 
   def filter(self, record: logging.LogRecord) -> bool:
     if record.levelno < logging.WARNING: return True
-    last, held = self.seen.get(key := (record.name, record.msg), (-self.interval, 0))
-    if record.created - last < self.interval:
-      self.seen[key] = (last, held + 1)
+    now, msg = record.created, record.getMessage()
+    if (site := self.sites.get(where := (record.name, record.msg))) is None: site = self.sites[where] = _Site(self.burst, now)
+    site.tokens, site.t = min(self.burst, site.tokens + (now - site.t) / self.interval), now   # one back per interval
+    if site.tokens < 1 or now - self.shown.get(key := (record.name, record.levelno, msg), -self.interval) < self.interval:
+      site.held, site.last = site.held + 1, record
       return False
-    self.seen[key] = (record.created, 0)
-    if held: record.msg = f"{record.msg} ({held} more like this held back)"
+    site.tokens -= 1
+    if len(self.shown) > 1000: self.shown = {k: t for k, t in self.shown.items() if now - t < self.interval}   # stays bounded
+    self.shown[key] = now
+    if site.held: record.msg, record.args = f"{msg} ({site.held} more like this held back)", None
+    site.held, site.last = 0, None
     return True
+
+  def held_back(self) -> list[logging.LogRecord]:
+    """Per call site with messages held back since its last one shown, the last of them saying how many there were;
+    their counts start again."""
+    out = []
+    for site in self.sites.values():
+      if site.held:
+        out.append(rec := logging.makeLogRecord(site.last.__dict__))
+        rec.msg, rec.args = f"{site.last.getMessage()} (the last of {site.held} held back)", None
+        site.held, site.last = 0, None
+    return out
+
+class _Handler(logging.StreamHandler):
+  """stderr, rate-limited; at close (logging.shutdown at exit) it writes what the rate limit still holds back."""
+  def __init__(self, rate_limit: RateLimit):
+    super().__init__(sys.stderr)
+    self.rate_limit = rate_limit
+    self.addFilter(rate_limit)
+
+  def close(self) -> None:
+    for rec in self.rate_limit.held_back(): self.emit(rec)
+    self.flush()
+    super().close()
 
 def setup_logging(level: str | int = 'INFO', rate_limit: float = 10.) -> None:
   root = logging.getLogger()
-  for h in list(root.handlers): root.removeHandler(h)
-  h = logging.StreamHandler(sys.stderr)
+  for h in list(root.handlers):
+    root.removeHandler(h)
+    if isinstance(h, _Handler): h.close()   # what it holds back is written, not lost
+  h = _Handler(RateLimit(rate_limit))
   h.setFormatter(_Formatter(journald=bool(os.environ.get('JOURNAL_STREAM'))))
-  h.addFilter(RateLimit(rate_limit))
   root.addHandler(h)
   root.setLevel(level.upper() if isinstance(level, str) else level)
 

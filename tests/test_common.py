@@ -78,6 +78,8 @@ def test_logging_terminal_and_journald():
   assert out == ['<6>info modeld: stats rate=20.0Hz', '<3>error modeld: two | lines']   # journald keeps the priority
 
 def test_repeated_warnings_are_rate_limited():
+  """A call site's messages: a burst of 10 distinct ones, then one per interval, the next shown saying how many were
+  held back; what is still held back at exit is written then, with its count."""
   out = _child("""
     import logging, time
     from modeld_service import setup_logging
@@ -89,10 +91,31 @@ def test_repeated_warnings_are_rate_limited():
     log.error('other site')
     time.sleep(0.35)
     log.warning('bad message %d', 100)
+    log.warning('bad message %d', 101)
+    log.warning('bad message %d', 102)
   """).communicate(timeout=20)[1].splitlines()
   warnings = [l.split(': ', 1)[1] for l in out if ' warning ' in l]
-  assert warnings == ['bad message 0', 'bad message 100 (99 more like this held back)']
+  assert warnings == [f'bad message {i}' for i in range(10)] + ['bad message 100 (90 more like this held back)',
+                                                                 'bad message 102 (the last of 2 held back)'], out
   assert sum(' debug ' in l for l in out) == 100 and sum(l.endswith('error modeld: other site') for l in out) == 1
+
+def test_distinct_diagnostics_all_show_and_real_repeats_do_not():
+  """Distinct messages of one call site logged together all show (one reason per camera, per damaged file, even
+  through a '%s' template); the same message again within the interval is held back and counted at exit."""
+  out = _child("""
+    import logging
+    from modeld_service import setup_logging
+    setup_logging('INFO')
+    log = logging.getLogger('camerad')
+    log.warning('not served: %s', 'driver: no dcamera.hevc')
+    log.warning('not served: %s', 'wide: no wideRoadEncodeIdx events')
+    for seg in range(3): logging.getLogger('oproute').warning('%s', f'r--{seg}/rlog.zst: 10 bytes are not a whole message')
+    for _ in range(50): log.error('lockstep: no answer')
+  """).communicate(timeout=20)[1].splitlines()
+  msgs = [l.split(' ', 1)[1] for l in out]
+  assert msgs == ['warning camerad: not served: driver: no dcamera.hevc', 'warning camerad: not served: wide: no wideRoadEncodeIdx events',
+                  *[f'warning oproute: r--{seg}/rlog.zst: 10 bytes are not a whole message' for seg in range(3)],
+                  'error camerad: lockstep: no answer', 'error camerad: lockstep: no answer (the last of 49 held back)'], out
 
 def test_stop_flag_ends_the_loop_on_sigterm_and_sigint():
   for sig in (signal.SIGTERM, signal.SIGINT):
