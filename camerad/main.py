@@ -16,7 +16,7 @@ from msgq import IpcError
 from msgq.pubsub import RECONNECT_IVL_MAX_S
 from msgq.visionipc import DRIVER, NV12Layout, VisionIpcServer
 from oproute.video import VideoError
-from camerad.sources import STREAMS, Source, SourceError, Tick, open_source
+from camerad.sources import REPUBLISHABLE, STREAMS, Source, SourceError, Tick, open_source
 
 log = logging.getLogger("camerad")
 SENSORS = set(capnp_log.FrameData.ImageSensor.schema.enumerants)
@@ -53,8 +53,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                   help="what to serve (see sources below); several after one --source, or --source repeated")
   ap.add_argument("--name", default="camerad", help="VisionIPC server name (default: camerad)")
   ap.add_argument("--cameras", metavar="LIST", help="synthetic only: comma-separated subset of road,wide,driver to serve")
-  ap.add_argument("--services", metavar="LIST", help="LOG only: comma-separated services to republish "
-                  "(default: every recorded one except the daemons' outputs)")
+  ap.add_argument("--services", metavar="LIST", help="LOG only: comma-separated services to republish (default: every "
+                  "recorded one except the daemons' outputs, the cameras' EncodeIdx events and initData)")
   ap.add_argument("--messages-only", action="store_true", help="LOG only: republish the messages without serving any camera")
   pace = ap.add_mutually_exclusive_group()
   pace.add_argument("--fps", type=float, help="serve at this fixed rate instead of the source's")
@@ -79,8 +79,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
   def split(v: str | None) -> list[str] | None: return v.split(",") if v else None
   args.cameras, args.services, args.lockstep_services = split(args.cameras), split(args.services), split(args.lockstep_services)
   if args.cameras and (bad := set(args.cameras) - set(STREAMS)): ap.error(f"--cameras: expected road, wide, driver; got {sorted(bad)}")
-  for lst, opt in ((args.services, "--services"), (args.lockstep_services, "--lockstep-services")):
-    if lst and (bad := set(lst) - set(SERVICES)): ap.error(f"{opt}: unknown services {sorted(bad)}; known: {', '.join(SERVICES)}")
+  if args.services and (bad := set(args.services) - REPUBLISHABLE):
+    ap.error(f"--services: expected services of cereal/log.capnp's Event (not initData, sentinel), got {sorted(bad)}")
+  if args.lockstep_services and (bad := set(args.lockstep_services) - set(SERVICES)):
+    ap.error(f"--lockstep-services: unknown services {sorted(bad)}; known: {', '.join(SERVICES)}")
   try: args.layouts = parse_layouts(args.layout)
   except ValueError as e: ap.error(str(e))
   return args
@@ -330,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
   try:
     source = open_source(args.source, args.cameras, args.services, args.messages_only)
     for why in getattr(source, 'unserved', []): log.warning("not served: %s", why)
+    for why, services in getattr(source, 'left_out', {}).items(): log.info("not republished (%s): %s", why, ", ".join(services))
     return serve(args, source, stop)
   except (SourceError, VideoError, LockstepTimeout, IpcError) as e:
     log.error("%s", e)

@@ -12,8 +12,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from collections.abc import Callable, Iterator
 import numpy as np
-from cereal import messaging
-from cereal.services import CAMERAS, DAEMON_OUTPUTS, SERVICES, STREAM_OF_STATE
+from cereal import log, messaging
+from cereal.services import CAMERAS, DAEMON_OUTPUTS, STREAM_OF_STATE
 from msgq.visionipc import NV12Layout
 from camerad.render import SceneRenderer
 from camerad.scene import SceneError, load_scene
@@ -21,6 +21,10 @@ from oproute.logreader import LogReader, log_files, parse_identifier, routes_of
 from oproute.video import DEFAULT_FPS, ENCODE_IDX_OF, CameraVideo, EncodeIndex, VideoDecoder, VideoError, fill_frame
 
 STREAMS = {name: c.stream for name, c in CAMERAS.items()}
+# what a log replay can republish: every member of openpilot's Event (any name is an endpoint; those outside the
+# services table get msgq's default size limit), but those the logger writes itself and nobody publishes
+LOGGER_EVENTS = ("initData", "sentinel")
+REPUBLISHABLE = frozenset(log.Event.schema.union_fields) - set(LOGGER_EVENTS)
 
 class SourceError(Exception):
   """A source that cannot be served: the message names what and why (a VideoError says it of one video file)."""
@@ -134,7 +138,9 @@ class VideoSource(Source):
 # ---- openpilot routes (oproute)
 class LogSource(Source):
   """Routes, segments or log files in openpilot's layout. Recorded messages are republished (byte for byte) at their
-  recorded pace, except the daemons' outputs unless asked for. A camera with video (HEVC files and their EncodeIndex
+  recorded pace, every service of the schema's Event, except the daemons' outputs (unless asked for), the cameras'
+  EncodeIdx events (they place frames in the route's video, not in this run) and the logger's own events; which
+  recorded services are left out and why: `left_out`. A camera with video (HEVC files and their EncodeIndex
   events) is served again: each recorded camera state whose frame the video holds becomes a frame, its state re-sent
   with this run's frame id and timestamps; a state whose frame is missing is skipped and counted. Camera states of a
   camera without video are republished as recorded. A route with no camera frame to serve is refused, unless
@@ -161,9 +167,16 @@ class LogSource(Source):
       raise SourceError(f"log {' '.join(paths)}: no camera frame to serve: " + ("; ".join(self.unserved) if self.unserved else
                         "no camera states in the log" if not cams else f"{', '.join(cams)} recorded without video") +
                         ". Give --messages-only to republish the messages alone.")
-    self.replay = [s for s in recorded if s in SERVICES and (s in services if services else s not in DAEMON_OUTPUTS)
-                   and STREAM_OF_STATE.get(s) not in self.streams and s not in ENCODE_IDX_OF]
-    self.services = tuple(self.replay)
+    why_not = {**dict.fromkeys(LOGGER_EVENTS, "written by the logger, never published"),
+               **dict.fromkeys(ENCODE_IDX_OF, "where frames are in the route's video"),
+               **({} if services else dict.fromkeys(DAEMON_OUTPUTS, "the daemons' outputs"))}
+    replay, self.left_out = [], {}   # left_out: why -> recorded services not republished
+    for s in recorded:
+      if STREAM_OF_STATE.get(s) in self.streams or (services and s not in services): continue   # re-sent with its frames; not asked for
+      why = why_not.get(s) or (None if s in REPUBLISHABLE else "members this schema does not know")
+      if why is None: replay.append(s)
+      else: self.left_out.setdefault(why, []).append(s)
+    self.services, self.replay = tuple(replay), frozenset(replay)
     self.fps = DEFAULT_FPS
 
   def _scan(self) -> tuple[list[str], EncodeIndex, dict[int, str]]:

@@ -95,7 +95,7 @@ def replay_segment(src: str, out: str, runners: Runners) -> dict:
   writer, bufs = FrameWriter(source, lockstep=True), {s: runners.buf(s, l) for s, l in layouts.items()}
   frames, invalid, model_s, last, pending, served = 0, 0, 0., {}, [], dict.fromkeys(layouts, 0)
   for tick in source.ticks():
-    evs = [messaging.log_from_bytes(dat) for _, dat in tick.msgs] + pending
+    evs = [messaging.log_from_bytes(dat) for svc, dat in tick.msgs if svc in sm.data] + pending
     sm.update_msgs(time.monotonic(), [ev for ev in evs if ev.which() in sm.data])
     pending = []
     if not tick.frames or not (sent := writer.write(tick, {s: (bufs[s].data, layouts[s]) for s in tick.frames})): continue

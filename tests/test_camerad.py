@@ -449,6 +449,44 @@ def test_log_replay_messages_only(tmp_path):
     # the subscription connects while camerad starts up; from then on nothing is lost or changed
     assert len(got) >= 10 and got == sent[len(sent) - len(got):], svc
 
+def test_log_replay_republishes_services_outside_the_table(tmp_path):
+  """An openpilot route's controlsState and liveParameters (openpilot's schema; not in the project's services table)
+  are republished byte for byte, as carState is; initData, the cameras' EncodeIdx events and the daemons' outputs
+  (cameraOdometry here) are not."""
+  from tests import openpilot_ref as op
+  from tests.artifacts import LAYOUT
+  from tests.openpilot_route import write_route
+  scene = tmp_path / "scene.json"
+  scene.write_text(json.dumps({"frames": 5, "intrinsics": {c: {"width": LAYOUT.width, "height": LAYOUT.height, "focal_length": 88.0}
+                                                            for c in ("road", "wide", "driver")}}))
+  def extra(fid: int, t: int) -> list:
+    cs = op.log.Event.new_message(logMonoTime=t, valid=True)
+    cs.init("controlsState").longitudinalPlanMonoTime = fid
+    lp = op.log.Event.new_message(logMonoTime=t + 1, valid=True)
+    lp.init("liveParameters").stiffnessFactor = fid / 1000
+    co = op.log.Event.new_message(logMonoTime=t + 2, valid=True)
+    co.init("cameraOdometry").frameId = fid
+    return [cs, lp, co]
+  write_route(tmp_path / "route", scene, ("road",), segments=1, frames=5, extra=extra)
+  recorded = {}
+  for dat, ev in LogReader(tmp_path / "route", sort_by_time=True).raw(): recorded.setdefault(ev.which(), []).append(dat)
+  p = camerad("--source", tmp_path / "route", "--lockstep")
+  try:
+    wait_for_server(p)   # its publishers are up: these subscriptions are live, and lockstep waits for them before frame 1
+    subs = {svc: messaging.sub_sock(svc) for svc in ("controlsState", "liveParameters", "carState", "initData", "roadEncodeIdx", "cameraOdometry")}
+    got = {svc: [] for svc in subs}
+    def drain(*_):
+      for svc, sock in subs.items(): got[svc] += messaging.drain_sock_raw(sock)
+    assert lockstep_frames(p, [ROAD], ["modelV2"], drain) == list(range(100, 105))
+    rc, err = finish(p)
+    assert rc == 0, err
+    drain()
+  finally:
+    if p.poll() is None: p.kill()
+  for svc in ("controlsState", "liveParameters", "carState"):
+    assert len(recorded[svc]) == 5 and got[svc] == recorded[svc], f"{svc}: {len(got[svc])} of {len(recorded[svc])} republished as recorded"
+  for svc in ("initData", "roadEncodeIdx", "cameraOdometry"): assert recorded[svc] and got[svc] == [], svc
+
 def test_lockstep_with_the_real_daemons(tmp_path):
   """camerad --lockstep against modeld and dmonitoringd (tiny models): every frame is answered, none is dropped."""
   from tests.artifacts import CACHE, LAYOUT, build
