@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
   stop = StopFlag()
   try:
     source = open_source(args.source, args.cameras, args.services, args.messages_only)
-    for why in getattr(source, 'unserved', []): log.warning("not served: %s", why)
+    for cam, why in getattr(source, 'unserved', {}).items(): log.warning("not served: %s: %s", cam, why)
     for why, services in getattr(source, 'left_out', {}).items(): log.info("not republished (%s): %s", why, ", ".join(services))
     return serve(args, source, stop)
   except (SourceError, VideoError, LockstepTimeout, IpcError) as e:

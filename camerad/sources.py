@@ -154,17 +154,17 @@ class LogSource(Source):
       raise SourceError(f"log {' '.join(paths)}: segments of {len(routes)} routes ({', '.join(routes)}); camerad serves one route "
                         f"at a time: give one route, or segments of one")
     recorded, index, self.sensor = self._scan()
-    self.videos, self.streams, self.unserved = {}, {}, []   # unserved: why a camera with states has no frame to serve
+    self.videos, self.streams, self.unserved = {}, {}, {}   # unserved: camera with states -> why it has no frame to serve
     for cam, c in CAMERAS.items():
       if messages_only: break
       if c.state not in recorded: continue
-      if (v := CameraVideo.of(cam, self.files, index, self.skipped, decode_threads)) is None: self.unserved.append(f"{cam}: no {c.encode_idx} events"); continue
+      if (v := CameraVideo.of(cam, self.files, index, self.skipped, decode_threads)) is None: self.unserved[cam] = f"no {c.encode_idx} events"; continue
       try: self.streams[c.stream] = v.size()
-      except VideoError as e: self.unserved.append(f"{cam}: {e}"); continue
+      except VideoError as e: self.unserved[cam] = str(e); continue
       self.videos[c.stream] = v
     if not self.streams and not messages_only:
       cams = [cam for cam, c in CAMERAS.items() if c.state in recorded]
-      raise SourceError(f"log {' '.join(paths)}: no camera frame to serve: " + ("; ".join(self.unserved) if self.unserved else
+      raise SourceError(f"log {' '.join(paths)}: no camera frame to serve: " + (self.why_unserved() if self.unserved else
                         "no camera states in the log" if not cams else f"{', '.join(cams)} recorded without video") +
                         ". Give --messages-only to republish the messages alone.")
     why_not = {**dict.fromkeys(LOGGER_EVENTS, "written by the logger, never published"),
@@ -178,6 +178,9 @@ class LogSource(Source):
       else: self.left_out.setdefault(why, []).append(s)
     self.services, self.replay = tuple(replay), frozenset(replay)
     self.fps = DEFAULT_FPS
+
+  def why_unserved(self) -> str:
+    return "; ".join(f"{cam}: {why}" for cam, why in self.unserved.items())
 
   def _scan(self) -> tuple[list[str], EncodeIndex, dict[int, str]]:
     """Services in the logs, where the cameras' frames are, and each camera's sensor (from its first state)."""

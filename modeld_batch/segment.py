@@ -77,7 +77,7 @@ def replay_segment(src: str, out: str, runners: Runners) -> dict:
   from oproute.writer import LogFile, init_data
   t0 = time.monotonic()
   source = LogSource([src], decode_threads=1)   # a worker keeps to its core: the job scales by workers
-  if source.unserved: raise VideoError("; ".join(source.unserved))   # a camera recorded but not served: its outputs would be missing
+  if source.unserved: raise VideoError(source.why_unserved())   # a camera recorded but not served: its outputs would be missing
   layouts = artifact_layouts(runners.arts, source.streams)
   stats = Stats(log, interval=math.inf)
   sm = messaging.SubMaster(sorted(set(RoadModel.SUBSCRIBES) | set(DriverModel.SUBSCRIBES)), addr=None)

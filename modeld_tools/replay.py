@@ -5,7 +5,10 @@ It starts a private stack (its own OPENPILOT_PREFIX): modeld for a route with ro
 for one with driver video, modeld-record writing the new route, and `camerad --source ROUTE --lockstep`, which sends
 each frame once the daemons answered the previous one. Then it compares the new outputs with the route's logged
 modelV2 and driverStateV2, frame by frame (a replayed frame is tied to its source frame by the camera state's
-frameIdSensor), and prints per field the frames compared and missing and the largest and mean difference.
+frameIdSensor), and prints per field the frames compared and missing and the largest and mean difference. A camera
+is replayed when camerad serves it: its states, its EncodeIdx events and its video (openpilot logs the driver
+camera's states and index without dcamera.hevc unless RecordFront is on); the outputs that answer only cameras not
+replayed are not compared, and the report says so.
 """
 from __future__ import annotations
 import argparse, os, shutil, signal, subprocess, sys, tempfile, time
@@ -14,18 +17,16 @@ from pathlib import Path
 from cereal.services import CAMERA_OF_STREAM, CAMERA_STATE_SERVICES, CAMERAS, STREAM_OF_STATE, road_streams
 from msgq.visionipc import DRIVER
 from msgq import runtime_dir
-from oproute import LogReader, log_files
-from oproute.video import EncodeIndex
+from camerad.sources import LogSource, SourceError
 from modeld_tools.compare import FIELDS, compare, route_outputs, table
 
 STOP_TIMEOUT_S = 20.
 
-def route_cameras(route: list[str]) -> list[str]:
-  """The cameras whose frames the route can serve: camera states and EncodeIdx events of them."""
-  index, states = EncodeIndex(), set()
-  for ev in LogReader(log_files(route, "a")):
-    if not index.add(ev) and ev.which() in STREAM_OF_STATE: states.add(ev.which())
-  return [c for c, cam in CAMERAS.items() if c in index.frames and cam.state in states]
+def route_cameras(route: list[str]) -> tuple[list[str], dict[str, str]]:
+  """The cameras camerad serves frames of from the route, decided by its route source itself (camera states,
+  EncodeIdx events and the video file), and {camera: why} of the others with states. SourceError when there is none."""
+  src = LogSource(route)
+  return [CAMERA_OF_STREAM[s] for s in src.streams], src.unserved
 
 class Stack:
   """The replay's processes, each with its stderr in a file of logs/."""
@@ -91,9 +92,8 @@ example: modeld-replay realdata/2026-11-30--04-00-00--3 --artifacts artifacts --
   ap.add_argument("--timeout", type=float, default=60., metavar="S", help="seconds to wait for the daemons to start and for each answer (default 60)")
   args = ap.parse_args(argv)
   if args.frames is not None and args.frames < 1: ap.error(f"--frames: expected >= 1, got {args.frames}")
-  try: cameras = route_cameras(args.route)
-  except (OSError, ValueError) as e: ap.error(str(e))
-  if not cameras: ap.error(f"{' '.join(args.route)}: no camera with video and EncodeIdx events: nothing to replay")
+  try: cameras, unserved = route_cameras(args.route)
+  except SourceError as e: ap.error(f"nothing to replay: {e}")
   out = args.out or Path("routes") / datetime.now().strftime("replay--%Y-%m-%d--%H-%M-%S")
   os.environ["OPENPILOT_PREFIX"] = f"replay{os.getpid()}"   # a private stack: its topics and camera buffers are its own
   with tempfile.TemporaryDirectory(prefix="modeld-replay-") as logs:
@@ -102,17 +102,23 @@ example: modeld-replay realdata/2026-11-30--04-00-00--3 --artifacts artifacts --
       print(f"modeld-replay: {err}", file=sys.stderr)
       return 1
   print(f"replayed {', '.join(cameras)} of {' '.join(args.route)} in {time.monotonic() - t0:.1f} s into {out}")
-  ref, _ = route_outputs(args.route)
-  new, sources = route_outputs(out)
+  compared = [svc for svc in FIELDS if svc in {CAMERAS[c].answer for c in cameras}]
+  for svc in FIELDS:
+    if svc not in compared:
+      cams = [c for c, cam in CAMERAS.items() if cam.answer == svc]
+      why = "; ".join(f"{c}: {unserved[c]}" for c in cams if c in unserved) or f"no {' or '.join(cams)} camera states in the route"
+      print(f"{svc} not compared, no camera it answers was replayed ({why})")
+  ref, _ = route_outputs(args.route, compared)
+  new, sources = route_outputs(out, compared)
   streams = {STREAM_OF_STATE[svc] for svc in sources}
   answered = [*(road_streams(streams) or ())[:1], *({DRIVER} & streams)]   # the streams whose frame ids the answers carry
   frame_map = {CAMERAS[CAMERA_OF_STREAM[s]].answer: sources[CAMERA_STATE_SERVICES[s]] for s in answered}
   new = {svc: {frame_map.get(svc, {}).get(fid, fid): v for fid, v in outs.items()} for svc, outs in new.items()}
   if args.frames:   # only the source frames replayed are expected
     ref = {svc: {fid: v for fid, v in outs.items() if fid <= max(frame_map.get(svc, {}).values(), default=-1)} for svc, outs in ref.items()}
-  for svc in FIELDS:
+  for svc in compared:
     if not ref[svc]: print(f"the route logged no {svc}: {len(new[svc])} new ones, nothing to compare them with")
-  diffs = [d for d in compare(ref, new) if ref[d.service]]
+  diffs = [d for d in compare(ref, new) if ref.get(d.service)]
   if diffs: print(table(diffs))
   if args.tolerance is not None and (bad := [d for d in diffs if d.max > args.tolerance or d.missing]):
     print(f"modeld-replay: past the tolerance {args.tolerance:g}: {', '.join(f'{d.service}.{d.field}' for d in bad)}", file=sys.stderr)

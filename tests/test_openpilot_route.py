@@ -95,3 +95,19 @@ def test_modeld_replay_compares_with_logged_outputs(tiny_artifacts, scene, tmp_p
   assert r.returncode == 1 and "past the tolerance 0.1: modelV2.position, modelV2.laneLines" in r.stderr, r.stdout + r.stderr
   row = next(l for l in r.stdout.splitlines() if l.startswith("modelV2.position")).split()
   assert row[1:4] == ["12", "0", "0"] and float(row[4]) == 0.5 and row[6] == "107", row
+
+def test_modeld_replay_of_a_route_without_driver_video(tiny_artifacts, scene, tmp_path):
+  """openpilot logs the driver camera's states and driverEncodeIdx without dcamera.hevc unless RecordFront is on:
+  modeld-replay replays the road camera alone (no dmonitoringd, no driverStateV2 in the new route) and compares
+  modelV2 only, saying why driverStateV2 is not compared, so the logged driverStateV2 do not fail the tolerance."""
+  from oproute import LogReader
+  from tests import openpilot_ref as op
+  def driver_state(fid: int, t: int) -> list:
+    return [op.log.Event.new_message(logMonoTime=t, valid=True, driverStateV2={"frameId": fid})]
+  write_route(tmp_path / "route", scene, ("road", "driver"), segments=1, frames=5, extra=driver_state)
+  (tmp_path / "route" / "route--0" / "dcamera.hevc").unlink()
+  r = run("modeld_tools.replay", tmp_path / "route", "--artifacts", tiny_artifacts, "--out", tmp_path / "new", "--tolerance", "0")
+  assert r.returncode == 0, r.stdout + r.stderr
+  assert "replayed road of" in r.stdout and "driverStateV2 not compared, no camera it answers was replayed (driver: no dcamera.hevc" in r.stdout, r.stdout
+  new = [ev.which() for ev in LogReader(tmp_path / "new")]
+  assert new.count("modelV2") == 5 and "driverStateV2" not in new and "driverCameraState" in new, sorted(set(new))
