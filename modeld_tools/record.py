@@ -35,12 +35,14 @@ class Segments:
 
 class CameraRecorder(threading.Thread):
   """Encodes one VisionIPC stream into each segment's HEVC file of that camera; every encoded frame's EncodeIndex event
-  goes to `out` as (segment, service, bytes)."""
+  goes to `out` as (segment, service, bytes). Frames not recorded are counted: `torn` (camerad reused the buffer while
+  it was copied) and `out_of_order` (an id not after the last one of the same camera session; a restarted camerad
+  is a new session, numbering from 0 again)."""
   def __init__(self, camera: str, server: str, route: RouteWriter, segments: Segments, out: queue.Queue, lossless: bool, stop: threading.Event):
     super().__init__(name=f"record-{camera}", daemon=True)
     self.camera, self.route, self.segments, self.out, self.lossless, self.stop = camera, route, segments, out, lossless, stop
     self.client = VisionIpcClient(server, CAMERAS[camera].stream, conflate=False)
-    self.frames = self.torn = self.encode_id = 0
+    self.frames = self.torn = self.out_of_order = self.encode_id = 0
     self.connected = threading.Event()   # the client reached the camera server once
     self.error: BaseException | None = None
     self.segment: int | None = None   # the segment whose file is open
@@ -59,13 +61,16 @@ class CameraRecorder(threading.Thread):
     try:
       while not self.stop.is_set() and not self.client.connect(blocking=False): self.stop.wait(0.1)
       self.connected.set()
-      last = -1
+      session, last = None, -1   # the camera server's id, and its last frame id recorded
       while not self.stop.is_set():
         if self.segment is not None and self.segment != self.segments.n: self._close()
         if (buf := self.client.recv(100)) is None:
           if not self.client.is_connected(): self.client.connect(blocking=False)
           continue
-        if buf.frame_id <= last: continue   # a restarted camerad starting over is not recorded twice
+        if self.client.server_id != session: session, last = self.client.server_id, -1
+        if buf.frame_id <= last:   # an id this session already had would make the route's index ambiguous
+          self.out_of_order += 1
+          continue
         frame = picture(buf.array, buf.layout)
         if buf.overwritten():   # camerad reused the buffer while we copied: the copy may mix two frames
           self.torn += 1
@@ -87,7 +92,8 @@ class CameraRecorder(threading.Thread):
 def record(services: list[str], path: Path, segment_seconds: float, flush_seconds: float, stop: StopFlag, seconds: float | None = None,
            cameras: list[str] = (), server: str = "camerad", lossless: bool = False, stats_interval: float = 10.) -> dict[str, int]:
   """Record until stopped; returns the number of messages written per service. The stats (log line and STATUS=) count
-  the messages written per service and `video_connected` once per camera whose stream is connected."""
+  the messages written per service, `video_connected` once per camera whose stream is connected and
+  `<camera>_video_torn`, `<camera>_video_out_of_order` its frames not recorded."""
   poller = messaging.Poller()
   socks = {s: messaging.sub_sock(s, poller=poller) for s in services}
   names = {sock.sock: s for s, sock in socks.items()}
@@ -130,6 +136,8 @@ def record(services: list[str], path: Path, segment_seconds: float, flush_second
           connected.add(r.camera)
           stats.count("video_connected")
           log.info("%s video: connected to %r", r.camera, server)
+        for key, n in (("video_torn", r.torn), ("video_out_of_order", r.out_of_order)):   # the thread's counts, into the stats
+          if (new := n - stats.totals.get(k := f"{r.camera}_{key}", 0)) > 0: stats.count(k, new)
       if segments.update():
         for n in range(max(route.logs) + 1, segments.n + 1): route.open_segment(n)
         for n in route.logs:
@@ -156,7 +164,9 @@ def record(services: list[str], path: Path, segment_seconds: float, flush_second
     for sock in socks.values(): sock.close()
   for s, n in malformed.items():
     if n: log.warning("%s: %d malformed messages not recorded", s, n)
-  for r in recorders: log.info("%s video: %d frames%s", r.camera, r.frames, f", {r.torn} torn frames dropped" if r.torn else "")
+  for r in recorders:
+    log.info("%s video: %d frames%s%s", r.camera, r.frames, f", {r.torn} torn frames dropped" if r.torn else "",
+             f", {r.out_of_order} frames out of order dropped" if r.out_of_order else "")
   return {k: n for k, n in stats.totals.items() if k in SERVICES}   # the per-service counters (not messages, video_connected)
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,5 @@
 """modeld-record as a real process over real pub/sub, and LogReader on what it wrote (and on damaged files)."""
-import bz2, gc, os, re, signal, subprocess, sys, time
+import bz2, gc, json, os, re, signal, subprocess, sys, time
 from pathlib import Path
 import pytest
 import zstandard as zstd
@@ -127,6 +127,39 @@ def test_sigterm_closes_and_skips_malformed(tmp_path):
   assert qlog[0] == events[0][0]
   want = [d for svc in ("carState", "liveCalibration") for d in [m for m in good if messaging.log_from_bytes(m).which() == svc][::SERVICES[svc].decimation]]
   assert sorted(qlog[1:]) == sorted(want)
+
+def test_video_goes_on_after_camerad_restarts(tmp_path):
+  """camerad restarted while modeld-record records its video: the new camerad numbers its frames from 0 again, and
+  they are recorded from then on (a new camera session), not dropped until the ids pass the old camerad's last."""
+  from tests.artifacts import LAYOUT
+  scene = tmp_path / "scene.json"
+  scene.write_text(json.dumps({"frames": 20, "intrinsics": {"road": {"width": LAYOUT.width, "height": LAYOUT.height, "focal_length": 88.0}}}))
+  def camerad(fps: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "camerad", "--source", f"synthetic:{scene}", "--cameras", "road", "--loop", "--fps", str(fps)],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  route, cams = tmp_path / "route", [camerad(100)]   # fast: its frame ids are far ahead when it stops
+  p, notify = start_recorder("--route", route, "--video", "road", "roadCameraState")
+  try:
+    notify.wait_count("roadEncodeIdx", 60, timeout=30)
+    cams[0].send_signal(signal.SIGTERM)
+    assert cams[0].wait(10) == 0, cams[0].communicate()[1]
+    before = notify.count("roadEncodeIdx")
+    cams.append(camerad(20))
+    notify.wait_count("roadEncodeIdx", before + 10, timeout=30)   # some are the old camerad's last: the encoder lags a frame or two
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=20)
+    assert p.returncode == 0, err
+    assert notify.count("road_video_out_of_order") == 0, notify.messages[-1]
+  finally:
+    for q in (p, *cams):
+      if q.poll() is None: q.kill()
+      q.communicate()
+    notify.close()
+  ids = [ev.roadEncodeIdx.frameId for ev in LogReader(route) if ev.which() == "roadEncodeIdx"]
+  starts = [i for i in range(1, len(ids)) if ids[i] <= ids[i - 1]]
+  assert len(starts) == 1, ids   # one restart, each session's ids increasing
+  first, second = ids[:starts[0]], ids[starts[0]:]
+  assert len(first) >= 60 and len(second) >= 5 and second[0] < first[-1] - 30, (first, second)
 
 def write_log(path: Path, msgs: list[bytes], flush_every: int = 7, close: bool = True) -> None:
   """A log as the recorder writes it: zstd frames ended every few messages; closed (one frame) or as a crash leaves it."""
