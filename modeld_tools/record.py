@@ -92,8 +92,8 @@ class CameraRecorder(threading.Thread):
 def record(services: list[str], path: Path, segment_seconds: float, flush_seconds: float, stop: StopFlag, seconds: float | None = None,
            cameras: list[str] = (), server: str = "camerad", lossless: bool = False, stats_interval: float = 10.) -> dict[str, int]:
   """Record until stopped; returns the number of messages written per service. The stats (log line and STATUS=) count
-  the messages written per service, `video_connected` once per camera whose stream is connected and
-  `<camera>_video_torn`, `<camera>_video_out_of_order` its frames not recorded."""
+  the messages written per service, `<service>_malformed` those not written, `video_connected` once per camera whose
+  stream is connected and `<camera>_video_torn`, `<camera>_video_out_of_order` its frames not recorded."""
   poller = messaging.Poller()
   socks = {s: messaging.sub_sock(s, poller=poller) for s in services}
   names = {sock.sock: s for s, sock in socks.items()}
@@ -101,7 +101,7 @@ def record(services: list[str], path: Path, segment_seconds: float, flush_second
   route.open_segment(0)
   recorders = [CameraRecorder(c, server, route, segments, indexes, lossless, cam_stop) for c in cameras]
   for r in recorders: r.start()
-  malformed, connected = dict.fromkeys(services, 0), set()
+  connected = set()
   stats, watchdog = Stats(log, interval=stats_interval, rate_key="messages"), Watchdog()
   t_end, last_flush, closing = None if seconds is None else time.monotonic() + seconds, time.monotonic(), {}
   def write(seg: int, svc: str, dat: bytes) -> None:
@@ -122,7 +122,7 @@ def record(services: list[str], path: Path, segment_seconds: float, flush_second
         ok = message_length(dat) == len(dat)
       except messaging.MalformedMessageError: ok = False
       if not ok:
-        malformed[svc] += 1
+        stats.count(f"{svc}_malformed")
         continue
       write(segments.n, svc, dat)
   notify("READY=1", f"STATUS=recording {len(services)} services to {path}")
@@ -162,8 +162,8 @@ def record(services: list[str], path: Path, segment_seconds: float, flush_second
     drain()
     route.close()
     for sock in socks.values(): sock.close()
-  for s, n in malformed.items():
-    if n: log.warning("%s: %d malformed messages not recorded", s, n)
+  if malformed := [f"{s} {n}" for s in services if (n := stats.totals.get(f"{s}_malformed", 0))]:
+    log.warning("malformed messages not recorded: %s", ", ".join(malformed))
   for r in recorders:
     log.info("%s video: %d frames%s%s", r.camera, r.frames, f", {r.torn} torn frames dropped" if r.torn else "",
              f", {r.out_of_order} frames out of order dropped" if r.out_of_order else "")
