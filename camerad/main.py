@@ -320,6 +320,8 @@ def run(args, source: Source, server: VisionIpcServer, pm, lock, layouts: dict, 
   log.info("served %d frames in %.2f s (%.1f frames/s)%s%s", served, dt, served / dt if dt > 0 else 0.0,
            f", {pacer.late} times behind real time" if pacer.late else "", f", skipped {skipped}" if skipped else "")
   for reason, n in source.skipped.most_common(): log.warning("skipped %d: %s", n, reason)
+  if skipped: stats.count("skipped", skipped)
+  stats.set_state("stopped")   # a last STATUS= with the totals: what a service manager shows of the finished run
   if served == 0 and layouts and not stop:
     raise SourceError(f"the source gave no frame{f' from --start {args.start} on (past its end?)' if args.start else ''}")
   return 0

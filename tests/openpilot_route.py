@@ -67,9 +67,10 @@ def write_route(path: Path, scene_file: Path, cameras: tuple[str, ...] = ("road"
     (d / "qlog.zst").write_bytes(zstd.ZstdCompressor(level=10).compress(b"".join(qlog)))
   return ids
 
-def lockstep(route: Path, col, *args) -> str:
-  """camerad --lockstep on the route until it ends, the collector (daemon_harness.Collector) reading the outputs as they
-  come (a subscriber's queue is bounded; the last ones may still be on their way); camerad's stderr."""
+def lockstep(route: Path, col, *args) -> None:
+  """camerad --lockstep on the route until it ends (exit 0, else its stderr in the error), the collector
+  (daemon_harness.Collector) reading the outputs as they come (a subscriber's queue is bounded; the last ones may
+  still be on their way)."""
   cam = subprocess.Popen([sys.executable, "-m", "camerad", "--source", route, "--lockstep", "--lockstep-timeout", "60", *args],
                          cwd=REPO, stderr=subprocess.PIPE, text=True)
   while cam.poll() is None:
@@ -77,4 +78,3 @@ def lockstep(route: Path, col, *args) -> str:
     time.sleep(0.01)
   err = cam.communicate()[1]
   assert cam.returncode == 0, err
-  return err

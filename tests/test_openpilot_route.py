@@ -18,12 +18,12 @@ def test_openpilot_route_replays_through_both_daemons(tiny_artifacts, scene, tmp
   daemons = [Daemon(m, tiny_artifacts) for m in ("modeld", "dmonitoringd")]   # ready once camerad serves: lockstep waits for them
   col = Collector(["modelV2", "driverStateV2", "cameraOdometry"])
   try:
-    assert f"served {len(ids)} frames" in lockstep(tmp_path / "route", col)
+    lockstep(tmp_path / "route", col)
     for svc in ("modelV2", "driverStateV2", "cameraOdometry"):
       assert [getattr(ev, svc).frameId for ev in col.wait(svc, len(ids))] == ids, svc
     assert all(ev.valid for ev in col.msgs["modelV2"]), "liveCalibration from the log was republished before the first frame"
     for svc in col.msgs: col.msgs[svc].clear()
-    assert lockstep(f"{tmp_path / 'route'}/1", col, "--start", "112", "--frames", "5")   # segment 1, as openpilot names it
+    lockstep(f"{tmp_path / 'route'}/1", col, "--start", "112", "--frames", "5")   # segment 1, as openpilot names it
     assert [ev.modelV2.frameId for ev in col.wait("modelV2", 5)] == list(range(112, 117))
   finally:
     for d in daemons: d.stop()
