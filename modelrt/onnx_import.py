@@ -3,12 +3,13 @@ one flat float output cut by `output_slices`, which ships as a base64 pickled {n
 metadata_props. What is read here (input names, shapes and dtypes, the output width, the slices) is what
 modelrt.contracts.identify checks against the known contracts."""
 from __future__ import annotations
-import base64, hashlib, io, pathlib, pickle
+import base64, io, pathlib, pickle
 from tinygrad import Tensor
 from tinygrad.dtype import _to_np_dtype
 from tinygrad.nn.onnx import OnnxPBParser, OnnxRunner, WireType, onnx_ops
 from tinygrad.uop.ops import Ops, UOp
 import numpy as np
+from modelrt.artifact import sha256_file
 from modelrt.modeldef import ModelDef
 
 MODELS = ('vision', 'policy', 'dm')
@@ -89,7 +90,4 @@ def load_onnx(path: str | pathlib.Path, model: str) -> ModelDef:
   slices = parse_output_slices(props['output_slices'], oshape[1])
   out_name = runner.graph_outputs[0]
   def fn(**inputs: Tensor) -> Tensor: return runner(inputs)[out_name].cast('float32')
-  h = hashlib.sha256()
-  with open(path, 'rb') as f:
-    while chunk := f.read(1 << 20): h.update(chunk)
-  return ModelDef(model, inputs, slices, oshape[1], fn, h.hexdigest())
+  return ModelDef(model, inputs, slices, oshape[1], fn, sha256_file(path))
