@@ -12,7 +12,7 @@ import dataclasses, hashlib, importlib.metadata, io, json, os, pathlib, pickle, 
 from dataclasses import MISSING
 from typing import Any
 from collections.abc import Callable
-from tinygrad import Device
+from tinygrad import Device, TinyJit
 from tinygrad.device import Buffer
 from tinygrad.uop.ops import UOp, Ops, ParamArg
 from modelrt.guard import GuardedJit, TensorSpec, is_count
@@ -114,7 +114,7 @@ def _host_view(buf: Buffer) -> memoryview | None:
   try: return buf.as_memoryview(force_zero_copy=True)
   except Exception: return None
 
-def _load_verified(d: pathlib.Path, entry: dict, files: dict[str, str], rebuild: str):
+def load_verified(d: pathlib.Path, entry: dict, files: dict[str, str], rebuild: str) -> TinyJit:
   """Unpickle NAME.pkl from the very bytes whose sha256 was checked; buffer contents stream from NAME.bin into the
   buffers, hashed as they are read, and the load fails unless the whole file's digest matches. Peak memory: the
   weights once (plus the largest buffer once more for a device that is not host-visible)."""
@@ -205,7 +205,7 @@ class Artifact:
   def load_jit(self, name: str) -> GuardedJit:
     """A fresh, verified instance of one captured JIT (its own buffers: loading twice gives two independent JITs)."""
     entry = self.manifest['jits'][name]
-    jit = _load_verified(self.dir, entry, self.manifest['files'], self.rebuild_command())
+    jit = load_verified(self.dir, entry, self.manifest['files'], self.rebuild_command())
     return GuardedJit(name, jit, [TensorSpec.from_json(s) for s in entry['inputs']])
 
   def warp_name(self, layout: str) -> str:

@@ -19,10 +19,10 @@ from msgq.visionipc.layout import NV12Layout
 from modelrt.constants import MODEL_WIDTH, MODEL_HEIGHT, DM_WIDTH, DM_HEIGHT
 from modelrt.modeldef import ModelDef
 from modelrt.contracts import CONTRACTS, ContractError, identify
-from modelrt.guard import TensorSpec, GuardedJit, _buffer_of
+from modelrt.guard import TensorSpec, GuardedJit, buffer_of
 from modelrt.runner import IMG_QUEUE_SHAPE, aligned_empty, camera_tensor, host_tensor, zero_tensor
 from modelrt import artifact
-from modelrt.artifact import save_jit, _load_verified, write_artifact, load_artifact, ArtifactError, warp_name, FORMAT_VERSION
+from modelrt.artifact import save_jit, load_verified, write_artifact, load_artifact, ArtifactError, warp_name, FORMAT_VERSION
 
 class ValidationError(RuntimeError):
   """A captured JIT failed a check; nothing was written."""
@@ -120,14 +120,14 @@ def build_jit(name: str, fn: Callable, plans: list[InputPlan], device: str, out_
   for i, (g, w) in enumerate(zip(got, want)):
     if not matches_eager(g, w): fail(f"call {i} (stage {min(i, 2)}) differs from the eager run: "
                                      f"{f'max |diff| {np.abs(g.astype(np.float64) - w).max()}' if g.shape == w.shape else f'shape {g.shape} vs {w.shape}'}")
-  if (ret := jit.captured.ret) is None or _buffer_of(ret) is None: fail("must return one realized contiguous Tensor")
+  if (ret := jit.captured.ret) is None or buffer_of(ret) is None: fail("must return one realized contiguous Tensor")
   if any(np.array_equal(got[i], got[i + 1]) for i in range(len(got) - 1)): fail("different inputs gave the same output")
 
   # round trip through the pickle the runtime loads, with the runtime's loader and guard
   entry = save_jit(jit, out_dir, name)
   files = {fn_: artifact.sha256_file(out_dir / fn_) for fn_ in (entry['file'], entry['weights'])}
   specs = [TensorSpec.of(p.name, feeds[0].tensors[p.name] if p.kind != 'state' else js[p.name], str(p.layout) if p.layout else None) for p in plans]
-  loaded = GuardedJit(name, _load_verified(out_dir, entry, files, 'modeld-compile'), specs)
+  loaded = GuardedJit(name, load_verified(out_dir, entry, files, 'modeld-compile'), specs)
   ls = new_state(plans, device)
   zero(js)
   for i, f in enumerate(feeds):

@@ -10,6 +10,7 @@ import functools
 from dataclasses import MISSING, dataclass, asdict, fields
 import numpy as np
 from tinygrad import Tensor
+from tinygrad.device import Buffer
 from tinygrad.dtype import DTYPES_DICT, DType, _to_np_dtype, _from_np_dtype
 from tinygrad.uop.ops import Ops, buffers
 from msgq.visionipc.wire import ALIGN
@@ -53,7 +54,7 @@ def is_count(v) -> bool: return type(v) is int and v >= 0   # a size or offset r
 
 _DTYPE_NAMES = {np.dtype(t).name for t in np.sctypeDict.values()} & DTYPES_DICT.keys()   # what tg_dtype can convert
 
-def _buffer_of(t: Tensor):
+def buffer_of(t: Tensor) -> Buffer | None:
   """The Buffer a tensor is exactly (a realized buffer, reshaped at most), else None (a view, or not realized)."""
   u = t.uop
   while u.op is Ops.RESHAPE: u = u.src[0]
@@ -66,7 +67,7 @@ def check_input(spec: TensorSpec, t) -> None:
   if t.dtype != spec.tg_dtype: bad('dtype', spec.dtype, np.dtype(_to_np_dtype(t.dtype)).name if _to_np_dtype(t.dtype) else t.dtype)
   if t.shape != spec.shape: bad('shape', spec.shape, t.shape)
   if t.device != spec.device: bad('device', spec.device, t.device)
-  if (buf := _buffer_of(t)) is None: bad('a contiguous realized buffer', '', f"a lazy or strided view {t.uop.op}")
+  if (buf := buffer_of(t)) is None: bad('a contiguous realized buffer', '', f"a lazy or strided view {t.uop.op}")
   if buf.nbytes != spec.nbytes: bad('byte length', spec.nbytes, buf.nbytes)
   if buf.options is not None and (ptr := buf.options.external_ptr) is not None and ptr % ALIGN:
     bad(f'a {ALIGN}-byte aligned pointer', '', hex(ptr))
@@ -79,7 +80,7 @@ class GuardedJit:
   def __init__(self, name: str, jit, inputs: list[TensorSpec]):
     self.name, self.jit, self.dispatch, self.inputs = name, jit, HostReplay(jit), {s.name: s for s in inputs}
     ret = jit.captured.ret
-    self._out = None if ret is None else (_buffer_of(ret), _to_np_dtype(ret.dtype))
+    self._out = None if ret is None else (buffer_of(ret), _to_np_dtype(ret.dtype))
 
   def check(self, inputs: dict[str, Tensor]) -> None:
     if inputs.keys() != self.inputs.keys():

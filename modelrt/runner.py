@@ -12,9 +12,10 @@ import numpy as np
 from tinygrad import Tensor, dtypes
 from tinygrad.device import Buffer
 from msgq.visionipc.layout import NV12Layout
+from msgq.visionipc.wire import ALIGN
 from modelrt.artifact import Artifact, load_artifact
 from modelrt.constants import DESIRE_LEN, TRAFFIC_CONVENTION_LEN, FRAME_SKIP, IMG_CHANNELS, IMG_QUEUE_LEN, MODEL_HEIGHT, MODEL_WIDTH
-from modelrt.guard import ALIGN, CameraLayoutError, GuardedJit, _buffer_of
+from modelrt.guard import CameraLayoutError, GuardedJit, buffer_of
 
 IMG_QUEUE_SHAPE = (1, IMG_QUEUE_LEN * IMG_CHANNELS, MODEL_HEIGHT // 2, MODEL_WIDTH // 2)   # 5 packed frames, in the warp JIT's state
 
@@ -33,7 +34,7 @@ def host_tensor(arr: np.ndarray) -> Tensor:
   return Tensor(arr, device='NPY')
 
 def zero_tensor(t: Tensor) -> None:
-  (b := _buffer_of(t)).copy_from(Buffer('PYTHON', b.size, b.dtype, opaque=memoryview(bytearray(b.nbytes))))
+  (b := buffer_of(t)).copy_from(Buffer('PYTHON', b.size, b.dtype, opaque=memoryview(bytearray(b.nbytes))))
 
 class HostBuf:
   """A camera buffer in host memory offering what the runners read of VisionIPC's VisionBuf: for warm-up, batch replays,

@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit, dtypes
-from modelrt.guard import GuardedJit, TensorSpec, InputSpecError, ALIGN
+from msgq.visionipc.wire import ALIGN
+from modelrt.guard import GuardedJit, TensorSpec, InputSpecError
 from modelrt.runner import aligned_empty, camera_tensor, host_tensor
 
 N = 64

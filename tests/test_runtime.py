@@ -10,7 +10,7 @@ from modelrt.constants import FRAME_SKIP, DESIRE_LEN, IMG_CHANNELS
 from modelrt.contracts import ROAD_V0_11_1
 from modelrt.artifact import load_artifact, ArtifactError, FORMAT_VERSION, tinygrad_version
 from modelrt.compile import main
-from modelrt.guard import CameraLayoutError, _buffer_of
+from modelrt.guard import CameraLayoutError, buffer_of
 from modelrt.runner import RoadRunner, DMRunner, HostBuf
 from modelrt.warp import road_warp_np, dm_warp_np
 
@@ -137,9 +137,9 @@ def test_each_load_gets_its_own_buffers(road):
   e = road.manifest['jits']['vision']
   data, w = (road.dir / e['file']).read_bytes(), (road.dir / e['weights']).read_bytes()
   plain = [pickle.loads(data, buffers=[memoryview(w)[o:o + n] for o, n in e['buffers']]) for _ in range(2)]
-  assert _buffer_of(plain[0].captured.ret) is _buffer_of(plain[1].captured.ret)
+  assert buffer_of(plain[0].captured.ret) is buffer_of(plain[1].captured.ret)
   ours = [road.load_jit('vision') for _ in range(2)]
-  assert _buffer_of(ours[0].jit.captured.ret) is not _buffer_of(ours[1].jit.captured.ret)
+  assert buffer_of(ours[0].jit.captured.ret) is not buffer_of(ours[1].jit.captured.ret)
 
 @pytest.mark.parametrize('model', ['vision', 'policy', 'dm'])
 def test_models_match_onnxruntime(built, model):
@@ -290,7 +290,7 @@ def test_unserved_layout_names_the_command_that_builds_it(road):
 def test_warmup_leaves_no_history(runner):
   runner.warmup()
   assert not runner.full_desire.any() and not runner.features_buffer[0].any()
-  assert not _buffer_of(runner.queues['img']).numpy().any()
+  assert not buffer_of(runner.queues['img']).numpy().any()
 
 # ***** the driver monitoring runner *****
 
