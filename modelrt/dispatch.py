@@ -2,7 +2,7 @@
 
 tinygrad's replay sends every call of the JIT through its exec pattern matcher each frame: resolving the buffers,
 looking up the compiled program, building ctypes arguments. On the CPU device that is 15-20 us of Python per kernel
-here, 3 ms of the reference vision model's 7 (147 kernels). HostReplay does that work once, at load: each kernel
+here, 3 ms of the reference vision model's 134 kernels. HostReplay does that work once, at load: each kernel
 becomes its compiled function with a prebuilt argument list (the fixed buffers' addresses, its thread index), and a
 replay only writes the input buffers' addresses into those lists and calls the functions in the JIT's order. Calls
 that are not CPU kernels (the copies of host inputs to the device) still run through tinygrad's exec path. tinygrad's
