@@ -109,6 +109,9 @@ class _Unpickler(pickle.Unpickler):
     self.fill(buf)
     return buf
 
+def _altered(name: str, want: str | None, got: str) -> str:
+  return f"{name} does not match its sha256 in the manifest (expected {want[:12] if want else 'none'}..., got {got[:12]}...)"
+
 def _host_view(buf: Buffer) -> memoryview | None:
   """A writable view of the buffer's memory if the CPU can see it (CPU device), else None (e.g. GPU memory)."""
   try: return buf.as_memoryview(force_zero_copy=True)
@@ -121,17 +124,18 @@ def load_verified(d: pathlib.Path, entry: dict, files: dict[str, str], rebuild: 
   def bad(msg): return ArtifactError(f"{d}: {msg}. Rebuild with: {rebuild}")
   try: data = (d / entry['file']).read_bytes()
   except OSError as e: raise bad(f"cannot read {entry['file']} ({e.strerror})") from None
-  if hashlib.sha256(data).hexdigest() != files.get(entry['file']): raise bad(f"{entry['file']} does not match its sha256 in the manifest")
+  if (got := hashlib.sha256(data).hexdigest()) != files.get(entry['file']): raise bad(_altered(entry['file'], files.get(entry['file']), got))
   try: f = open(d / entry['weights'], 'rb')
   except OSError as e: raise bad(f"cannot read {entry['weights']} ({e.strerror})") from None
-  h, spans, pos = hashlib.sha256(), iter(entry['buffers']), 0
+  h, spans, pos = hashlib.sha256(), enumerate(entry['buffers']), 0
   def read_into(mv: memoryview) -> None:
     if f.readinto(mv) != mv.nbytes: raise bad(f"{entry['weights']} is shorter than its buffer table (truncated)")
     h.update(mv)
   def fill(buf: Buffer) -> None:
     nonlocal pos
-    off, n = next(spans, (None, None))
-    if n != buf.nbytes: raise bad(f"{entry['weights']}: buffer table does not match {entry['file']}")
+    i, (off, n) = next(spans)   # the unpickler asks for as many buffers as the table lists, no more
+    if n != buf.nbytes:
+      raise bad(f"{entry['weights']}: buffer table does not match {entry['file']}: buffer {i} of the pickle has {buf.nbytes} bytes, the table says {n}")
     read_into(memoryview(bytearray(off - pos)))
     if (host := _host_view(buf)) is not None: read_into(host)
     else:
@@ -143,7 +147,7 @@ def load_verified(d: pathlib.Path, entry: dict, files: dict[str, str], rebuild: 
     except ArtifactError: raise
     except Exception as e: raise bad(f"{entry['file']} is not a loadable pickle (truncated or corrupt: {type(e).__name__}: {e})") from None
     while chunk := f.read(1 << 20): h.update(chunk)
-  if h.hexdigest() != files.get(entry['weights']): raise bad(f"{entry['weights']} does not match its sha256 in the manifest")
+  if (got := h.hexdigest()) != files.get(entry['weights']): raise bad(_altered(entry['weights'], files.get(entry['weights']), got))
   return jit
 
 MODELS = {'road': ('vision', 'policy'), 'dm': ('dm',)}
@@ -258,7 +262,7 @@ def load_artifact(path: str | os.PathLike, family: str, device: str | None = Non
   model_files = {m['jits'][k][f] for k in MODELS[family] for f in ('file', 'weights')}
   for fn, digest in m['files'].items():
     if not (d / fn).is_file(): raise bad(f"{fn} is missing")
-    if fn not in model_files and sha256_file(d / fn) != digest: raise bad(f"{fn} does not match its sha256 in the manifest")
+    if fn not in model_files and (got := sha256_file(d / fn)) != digest: raise bad(_altered(fn, digest, got))
   art.models = {k: art.load_jit(k) for k in MODELS[family]}
   return art
 

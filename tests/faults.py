@@ -1,7 +1,7 @@
 """Faults to inject and what to measure around them, shared by tests/test_faults.py and scripts/soak.sh: malformed
 messages on the daemons' inputs, damaged artifacts, junk on a VisionIPC server's handshake socket, a full disk under
 a process; the file descriptors and RSS of a process."""
-import json, os, pathlib, shlex, shutil, socket, subprocess, threading, time
+import hashlib, json, os, pathlib, shlex, shutil, socket, subprocess, threading, time
 import numpy as np
 from cereal import messaging
 from msgq import runtime_dir
@@ -41,7 +41,8 @@ def _altered_weights(d: pathlib.Path, model: str) -> str:
   with open(weights := d / f'{model}.bin', 'r+b') as f:
     f.seek(os.path.getsize(weights) // 2)
     f.write(b'\xff' * 8)
-  return f"{weights.name} does not match its sha256 in the manifest"
+  want, got = json.loads((d / 'manifest.json').read_text())['files'][weights.name], hashlib.sha256(weights.read_bytes()).hexdigest()
+  return f"{weights.name} does not match its sha256 in the manifest (expected {want[:12]}..., got {got[:12]}...)"
 
 def _manifest_edit(edit):
   """A damage to the manifest (which the file hashes do not cover): edit(manifest, model) changes it and returns what

@@ -1,6 +1,6 @@
 """Artifacts built by modeld-compile from tiny ONNX models (built once for this module), the loader's refusals, and the
 runners the daemons use every frame (frame history, camera buffers, outputs that outlive the next frame)."""
-import json, os, pickle, shutil
+import hashlib, json, os, pickle, shutil
 import numpy as np
 import pytest
 from tinygrad.helpers import Context
@@ -108,12 +108,20 @@ def test_loader_refuses_other_builds_with_the_rebuild_command(copy, edit, msg):
 def test_loader_refuses_altered_truncated_or_missing_files(copy, fn):
   p = copy / 'road' / fn
   data = p.read_bytes()
-  p.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
-  with pytest.raises(ArtifactError, match=f"{fn} does not match its sha256 in the manifest.*Rebuild with: modeld-compile"): load_artifact(copy, 'road')
+  p.write_bytes(altered := data[:-1] + bytes([data[-1] ^ 1]))
+  want, got = json.loads((copy / 'road' / 'manifest.json').read_text())['files'][fn], hashlib.sha256(altered).hexdigest()
+  with pytest.raises(ArtifactError, match=rf"{fn} does not match its sha256 in the manifest \(expected {want[:12]}\.\.\., got {got[:12]}\.\.\.\)"
+                                          ".*Rebuild with: modeld-compile"): load_artifact(copy, 'road')
   p.write_bytes(data[:len(data) // 2])
   with pytest.raises(ArtifactError, match=f"{fn} (does not match its sha256|is shorter than its buffer table)"): load_artifact(copy, 'road')
   p.unlink()
   with pytest.raises(ArtifactError, match=f"{fn} is missing"): load_artifact(copy, 'road')
+
+def test_a_buffer_table_that_does_not_fit_the_pickle_names_both_sizes(copy):
+  n = json.loads((copy / 'road' / 'manifest.json').read_text())['jits']['policy']['buffers'][0][1]
+  _edit_manifest(copy, lambda m: m['jits']['policy']['buffers'][0].__setitem__(1, n + 1))
+  with pytest.raises(ArtifactError, match=f"policy.bin: buffer table does not match policy.pkl: buffer 0 of the pickle has {n} bytes, the table says {n + 1}"):
+    load_artifact(copy, 'road')
 
 def test_no_artifact_says_how_to_build_one(tmp_path):
   with pytest.raises(ArtifactError, match="no manifest.json; build the road artifact with modeld-compile"): load_artifact(tmp_path, 'road')
@@ -126,7 +134,6 @@ def test_altered_pickle_is_never_unpickled(copy, tmp_path):
   assert not (tmp_path / 'pwned').exists()
 
 def test_truncated_pickle_with_a_matching_hash_is_a_clear_error(copy):
-  import hashlib
   p = copy / 'road' / 'policy.pkl'
   p.write_bytes(p.read_bytes()[:1000])
   _edit_manifest(copy, lambda m: m['files'].update({'policy.pkl': hashlib.sha256(p.read_bytes()).hexdigest()}))
