@@ -61,14 +61,15 @@ def fits_float32(*values: float | np.ndarray) -> bool:
   """Whether every value is finite and within a Float32 message field's range (a larger one would be written as inf)."""
   return all(bool((np.abs(np.asarray(v, np.float64)) <= FLOAT32_MAX).all()) for v in values)
 
-def smooth_value(val: float, prev: float, tau: float, dt: float = DT) -> float:
-  alpha = 1 - np.exp(-dt / tau) if tau > 0 else 1.
+def smooth_value(val: float, prev: float, tau: float) -> float:
+  """One step (DT) of a first-order filter with time constant tau; tau 0: val."""
+  alpha = 1 - np.exp(-DT / tau) if tau > 0 else 1.
   return alpha * val + (1 - alpha) * prev
 
-def action_times(lateral_delay: float, long_actuator_delay: float = LONG_ACTUATOR_DELAY) -> tuple[float, float]:
-  """(lateral, longitudinal) action times from liveDelay.lateralDelay and the car's longitudinal actuator delay."""
+def action_times(lateral_delay: float) -> tuple[float, float]:
+  """(lateral, longitudinal) action times from liveDelay.lateralDelay and LONG_ACTUATOR_DELAY."""
   lat = float(np.clip(np.nan_to_num(lateral_delay), 0., MAX_LAT_DELAY))
-  return lat + LAT_SMOOTH_SECONDS + ACTION_T_OFFSET, long_actuator_delay + LONG_SMOOTH_SECONDS + ACTION_T_OFFSET
+  return lat + LAT_SMOOTH_SECONDS + ACTION_T_OFFSET, LONG_ACTUATOR_DELAY + LONG_SMOOTH_SECONDS + ACTION_T_OFFSET
 
 def _at(t: float, ys: np.ndarray, y0: float) -> float:
   """The plan's value at t; before MIN_STABLE_DELAY the change up to it, scaled by t / MIN_STABLE_DELAY."""

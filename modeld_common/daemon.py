@@ -112,8 +112,8 @@ class FrameModel:
     """A new camera session: no history from another."""
     self.runner.reset()
 
-  def inputs(self, *frames) -> dict | None:
-    """The runner's arguments for these frames (None: skip them)."""
+  def inputs(self, *frames) -> dict:
+    """The runner's arguments for these frames."""
     raise NotImplementedError
   def valid(self, run: FrameRun) -> bool: raise NotImplementedError
   def messages(self, outputs: dict, run: FrameRun, valid: bool) -> list:
@@ -129,7 +129,7 @@ class FrameModel:
         self.calib.update(self.sm['liveCalibration'].rpyCalib)
         if not self.calib.valid: self.stats.count('bad_calibration')   # a good one always makes it valid, a bad one never
     fid, t0 = frames[0].frame_id, time.perf_counter()
-    if (kw := self.inputs(*frames)) is None: return []
+    kw = self.inputs(*frames)
     try: out = self.runner.run(**kw)
     except InputSpecError as e:
       self.stats.count('bad_input')

@@ -178,15 +178,14 @@ class Stats:
       self.state = state
       self._status('')
 
-  def tick(self) -> str | None:
-    if (dt := (now := time.monotonic()) - self.t0) < self.interval: return None
+  def tick(self) -> None:
+    if (dt := (now := time.monotonic()) - self.t0) < self.interval: return
     line = self.summary(dt)
     self.logger.info("stats %s", line)
     self._status(line)
     self.counts.clear()
     self.times.clear()
     self.t0 = now
-    return line
 
 def exit_now(code: int):
   """End the process at once with `code`, after flushing logs and stdio. For a daemon that has closed everything it

@@ -20,19 +20,17 @@ class Calibration:
   """The last good rpyCalib. `valid` (what the outputs' valid flag needs): a good calibration arrived and the newest
   calibration message was good. A bad one keeps the last good angles but makes outputs invalid until a good one comes."""
   def __init__(self):
-    self.rpy, self.seen, self.valid, self.errors = np.zeros(3), False, False, 0
+    self.rpy, self.valid, self.errors = np.zeros(3), False, 0
 
-  def update(self, rpy) -> bool:
-    """Returns True when the angles changed."""
+  def update(self, rpy) -> None:
     try: new = check_rpy(rpy)
     except CalibrationError as e:
       self.errors += 1
       if self.valid or self.errors == 1: log.error("CalibrationError: %s; outputs are invalid until a good calibration arrives", e)
       self.valid = False
-      return False
+      return
     if not self.valid and self.errors: log.info("calibration good again: %s", new.round(4).tolist())
-    changed, self.rpy, self.seen, self.valid = not np.array_equal(new, self.rpy), new, True, True
-    return changed
+    self.rpy, self.valid = new, True
 
 def sensor_name(msg_sensor: str, override: str | None, size: tuple[int, int] | None = None) -> str:
   """The camera sensor: the CLI override, else the camera-state message's, else the first sensor whose cameras have

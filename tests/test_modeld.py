@@ -90,11 +90,14 @@ def test_drops_filter_and_warmup():
 
 def test_calibration_and_camera_geometry():
   cal = Calibration()
-  assert not cal.valid and not cal.seen and cal.rpy.tolist() == [0, 0, 0]   # the default transform until one arrives
-  assert cal.update([0., 0.02, -0.01]) and cal.valid and not cal.update([0., 0.02, -0.01])   # changed, then the same
+  assert not cal.valid and cal.rpy.tolist() == [0, 0, 0]   # the default transform until one arrives
+  cal.update([0., 0.02, -0.01])
+  assert cal.valid and cal.rpy.tolist() == [0., 0.02, -0.01]
   for bad in ([float('nan'), 0., 0.], [0., 0., 2.], [0., 0.], [float('inf')] * 3):
-    assert not cal.update(bad) and not cal.valid and cal.rpy.tolist() == [0., 0.02, -0.01]   # kept, but outputs invalid
-  assert cal.errors == 4 and not cal.update([0., 0.02, -0.01]) and cal.valid
+    cal.update(bad)
+    assert not cal.valid and cal.rpy.tolist() == [0., 0.02, -0.01]   # kept, but outputs invalid
+  cal.update([0., 0.03, -0.01])
+  assert cal.errors == 4 and cal.valid and cal.rpy.tolist() == [0., 0.03, -0.01]
   with pytest.raises(CalibrationError, match=r'expected 3 finite angles .* got \[nan, 0.0, 0.0\]'): check_rpy([float('nan'), 0, 0])
   assert [sensor_name(m, o) for m, o in (('unknown', None), ('os04c10', None), ('os04c10', 'ar0231'))] == ['ar0231', 'os04c10', 'ar0231']
   # no sensor named yet: the one whose cameras have the stream's size
