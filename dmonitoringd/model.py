@@ -12,7 +12,12 @@ finite, untorn frames.
 from __future__ import annotations
 import time
 import numpy as np
+from modelrt.calibration import sensor_name, camera_for
+from modelrt.geometry import dm_warp_matrix
 from modeld_common.daemon import FrameModel, FrameRun
+from dmonitoringd.fill_msgs import fill_driver_state, fill_monitoring_state
+from dmonitoringd.parse import parse_dm_outputs
+from dmonitoringd.policy import DriverMonitoring
 
 class DriverModel(FrameModel):
   PUBLISHES = ['driverStateV2', 'driverMonitoringState']
@@ -23,13 +28,10 @@ class DriverModel(FrameModel):
     self.reset()
 
   def reset(self) -> None:
-    from dmonitoringd.policy import DriverMonitoring
     super().reset()
     self.policy, self.state, self.geometry, self.transform = DriverMonitoring(), None, None, None
 
   def inputs(self, buf) -> dict:
-    from modelrt.geometry import dm_warp_matrix
-    from modelrt.calibration import sensor_name, camera_for
     sensor = sensor_name(str(self.sm['driverCameraState'].sensor), self.sensor, (buf.width, buf.height))
     if self.geometry != (g := (sensor, buf.width, buf.height)):
       self.geometry, self.transform = g, dm_warp_matrix(camera_for(sensor, 'driver', buf.width, buf.height))
@@ -40,8 +42,6 @@ class DriverModel(FrameModel):
     return run.out.finite and not run.torn and (self.calib.valid or not self.calib.errors)
 
   def messages(self, outputs: dict, run: FrameRun, valid: bool) -> list:
-    from dmonitoringd.parse import parse_dm_outputs
-    from dmonitoringd.fill_msgs import fill_driver_state, fill_monitoring_state
     (buf,) = run.frames
     dm = parse_dm_outputs(outputs, self.contract)
     msgs = [('driverStateV2', fill_driver_state(dm, buf.frame_id, time.perf_counter() - run.t0, run.run_time, valid,

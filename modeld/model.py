@@ -11,7 +11,14 @@ action and path fit their Float32 fields.
 from __future__ import annotations
 import time
 import numpy as np
+from msgq.visionipc import WIDE_ROAD
+from modelrt.calibration import sensor_name, camera_for
+from modelrt.geometry import road_warp_matrix
 from modeld_common.daemon import FrameModel, FrameRun
+from modeld.desire import Desire, DesireHelper
+from modeld.fill_msgs import Action, FrameInfo, PublishState, action_times, fill_model_msgs, fits_float32, get_action, path_coefficients
+from modeld.parse import parse_outputs
+from modeld.sync import FrameDrops
 
 class RoadModel(FrameModel):
   PUBLISHES = ['modelV2', 'drivingModelData', 'cameraOdometry']
@@ -20,23 +27,16 @@ class RoadModel(FrameModel):
 
   def __init__(self, runner, main_stream: int, *args, **kwargs):
     super().__init__(runner, *args, **kwargs)
-    from msgq.visionipc import WIDE_ROAD
     self.main_stream = main_stream
     self.state_name = 'wideRoadCameraState' if main_stream == WIDE_ROAD else 'roadCameraState'
     self.reset()
 
   def reset(self) -> None:
-    from modeld.desire import DesireHelper
-    from modeld.fill_msgs import PublishState
-    from modeld.sync import FrameDrops
     super().reset()
     self.desire, self.publish_state, self.drops = DesireHelper(), PublishState(), FrameDrops()
     self.geometry = None   # (rpy, sensor, main layout, extra layout) the transforms were computed for
 
   def update_transforms(self, main, extra) -> None:
-    from msgq.visionipc import WIDE_ROAD
-    from modelrt.geometry import road_warp_matrix
-    from modelrt.calibration import sensor_name, camera_for
     sensor = sensor_name(str(self.sm[self.state_name].sensor), self.sensor, (main.width, main.height))
     geometry = (tuple(self.calib.rpy), sensor, str(main.layout), str(extra.layout))
     if geometry == self.geometry: return
@@ -60,9 +60,6 @@ class RoadModel(FrameModel):
   def valid(self, run: FrameRun) -> bool: return self.calib.valid and run.out.finite and not run.torn
 
   def messages(self, outputs: dict, run: FrameRun, valid: bool) -> list:
-    from modeld.parse import parse_outputs
-    from modeld.desire import Desire
-    from modeld.fill_msgs import Action, FrameInfo, fill_model_msgs, fits_float32, get_action, action_times, path_coefficients
     main, extra = run.frames
     parsed = parse_outputs(outputs, self.contract)
     execution_time = time.perf_counter() - run.t0   # through the parsing, as openpilot times its model run

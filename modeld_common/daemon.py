@@ -122,7 +122,7 @@ class FrameModel:
 
   def step(self, *frames) -> list:
     """One frame (the camera buffers it needs, newest messages already in sm): [(service, message)] to publish."""
-    from modelrt.guard import InputSpecError
+    from modelrt.guard import InputSpecError   # not at the top: it imports tinygrad, which reads DEV once, after parse_args set it
     if (t := self.sm.logMonoTime['liveCalibration']) != self._calib_t:   # a new calibration applies from this frame on
       self._calib_t = t
       if self.sm.seen['liveCalibration']:
