@@ -11,7 +11,7 @@ action and path fit their Float32 fields.
 from __future__ import annotations
 import time
 import numpy as np
-from msgq.visionipc import WIDE_ROAD
+from cereal.services import CAMERA_OF_STREAM, CAMERA_STATE_SERVICES
 from modelrt.calibration import sensor_name, camera_for
 from modelrt.geometry import road_warp_matrix
 from modeld_common.daemon import FrameModel, FrameRun
@@ -28,7 +28,7 @@ class RoadModel(FrameModel):
   def __init__(self, runner, main_stream: int, *args, **kwargs):
     super().__init__(runner, *args, **kwargs)
     self.main_stream = main_stream
-    self.state_name = 'wideRoadCameraState' if main_stream == WIDE_ROAD else 'roadCameraState'
+    self.state_name = CAMERA_STATE_SERVICES[main_stream]
     self.reset()
 
   def reset(self) -> None:
@@ -41,7 +41,7 @@ class RoadModel(FrameModel):
     geometry = (tuple(self.calib.rpy), sensor, str(main.layout), str(extra.layout))
     if geometry == self.geometry: return
     if self.geometry is None or geometry[1] != self.geometry[1]: self.log.info("camera sensor %s", sensor)
-    main_cam = camera_for(sensor, 'wide' if self.main_stream == WIDE_ROAD else 'road', main.width, main.height)
+    main_cam = camera_for(sensor, CAMERA_OF_STREAM[self.main_stream], main.width, main.height)
     wide_cam = camera_for(sensor, 'wide', extra.width, extra.height)
     # main: the road model frame (from the wide camera when it is the only one); extra: the wide model frame
     self.runner.set_transforms(road_warp_matrix(self.calib.rpy, main_cam), road_warp_matrix(self.calib.rpy, wide_cam, wide=True))

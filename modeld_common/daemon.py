@@ -19,6 +19,8 @@ from typing import Any, NoReturn
 from collections.abc import Callable
 import numpy as np
 from modeld_service import Stats, StopFlag, Watchdog, exit_now, notify, set_process_title, setup_logging
+from modelrt.calibration import DEFAULT_SENSOR, Calibration
+from modelrt.geometry import SENSORS
 
 EX_CONFIG = 78   # sysexits: the configuration (artifact vs camera) is wrong; restarting will not help
 RECV_TIMEOUT_MS = 100   # the loop checks the stop flag and kicks the watchdog at least this often
@@ -38,8 +40,9 @@ camera), or its model's outputs could not be parsed for {MAX_BAD_OUTPUTS} frames
   ap.add_argument('--device', help="tinygrad device the artifact was built for (default: $DEV, else tinygrad's default); e.g. CPU")
   ap.add_argument('--camera-server', default='camerad', metavar='NAME', help="VisionIPC server name of the camera process (default: camerad)")
   ap.add_argument('--prefix', help="message prefix (OPENPILOT_PREFIX): isolates this stack's topics and camera buffers from others")
-  ap.add_argument('--sensor', choices=['ar0231', 'ox03c10', 'os04c10'],
-                  help="camera sensor for the intrinsics, overriding the camera-state message's (default: the message's, else ar0231)")
+  ap.add_argument('--sensor', choices=sorted(SENSORS),
+                  help=f"camera sensor for the intrinsics, overriding the camera-state message's (default: the message's, else the "
+                       f"sensor of the stream's size, else {DEFAULT_SENSOR})")
   ap.add_argument('--raw-predictions', action='store_true', default=os.environ.get('SEND_RAW_PRED') == '1',
                   help="also send the flat model outputs as rawPredictions (default: off, or on with SEND_RAW_PRED=1)")
   ap.add_argument('--stats-interval', type=float, default=10., metavar='S', help="seconds between stats log lines and STATUS= updates (default 10)")
@@ -102,7 +105,6 @@ class FrameModel:
   SUBSCRIBES: list[str]
 
   def __init__(self, runner, sm, stats: Stats, log: logging.Logger, raw_predictions: bool = False, sensor: str | None = None):
-    from modelrt.calibration import Calibration
     self.runner, self.sm, self.stats, self.log, self.raw_predictions, self.sensor = runner, sm, stats, log, raw_predictions, sensor
     self.contract = runner.artifact.contract
     self.guard = OutputGuard({k: h.width for m in self.contract.models.values() for k, h in m.heads.items()}, stats, log)
