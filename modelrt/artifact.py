@@ -16,10 +16,10 @@ from tinygrad import Device, TinyJit
 from tinygrad.device import Buffer
 from tinygrad.uop.ops import UOp, Ops, ParamArg
 from modelrt.guard import GuardedJit, TensorSpec, is_count
-from modelrt.contracts import CONTRACTS, Contract, lookup
+from modelrt.contracts import CONTRACTS, FAMILY_MODELS, Contract, lookup
 
 FORMAT_VERSION = 2   # 2: the manifest names the models' I/O contract
-FAMILIES = ('road', 'dm')
+FAMILIES = tuple(FAMILY_MODELS)
 MANIFEST = 'manifest.json'
 _BIN_ALIGN = 64
 
@@ -150,8 +150,6 @@ def load_verified(d: pathlib.Path, entry: dict, files: dict[str, str], rebuild: 
   if (got := h.hexdigest()) != files.get(entry['weights']): raise bad(_altered(entry['weights'], files.get(entry['weights']), got))
   return jit
 
-MODELS = {'road': ('vision', 'policy'), 'dm': ('dm',)}
-
 def _is_pair(v: Any) -> bool: return isinstance(v, list) and len(v) == 2 and all(map(is_count, v))
 def _is_strs(v: Any) -> bool: return isinstance(v, list) and all(isinstance(x, str) for x in v)
 
@@ -178,13 +176,13 @@ def _check_manifest(m: dict, family: str, bad: Callable[[str], ArtifactError]) -
   get('a command line (a list of strings)', lambda v: _is_strs(v) and v, 'command')
   layouts = get('a list of camera layouts', _is_strs, 'layouts')
   get('{file name: sha256}', lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()), 'files')
-  for name in (*MODELS[family], *map(warp_name, layouts)):
+  for name in (*FAMILY_MODELS[family], *map(warp_name, layouts)):
     for k in ('file', 'weights'): get('a file name', lambda v: isinstance(v, str), 'jits', name, k)
     get('a list of [offset, size] pairs', lambda v: isinstance(v, list) and all(map(_is_pair, v)), 'jits', name, 'buffers')
     for i, spec in enumerate(get('a list of input specs', lambda v: isinstance(v, list), 'jits', name, 'inputs')):
       try: TensorSpec.from_json(spec)
       except ValueError as e: raise malformed(('jits', name, 'inputs', str(i)), f"an input spec ({e})") from None
-  for model in MODELS[family]:
+  for model in FAMILY_MODELS[family]:
     width = get('a shape (a list of sizes)', lambda v: isinstance(v, list) and v and all(map(is_count, v)), 'jits', model, 'output', 'shape')[-1]
     for k in get('{output name: [start, stop]}', lambda v: isinstance(v, dict), 'output_slices', model):
       get(f"[start, stop] within the output's {width} values", lambda v, w=width: _is_pair(v) and v[0] <= v[1] <= w, 'output_slices', model, k)
@@ -259,11 +257,11 @@ def load_artifact(path: str | os.PathLike, family: str, device: str | None = Non
   if m['target']['arch'] != here['arch']: raise bad(f"built for {here['device']} arch {m['target']['arch']}, this one is {here['arch']}")
   if missing := sorted(set(m['target']['cpu_features']) - set(here['cpu_features'])):
     raise bad(f"compiled for CPU instruction-set features this machine lacks: {' '.join(missing)}")
-  model_files = {m['jits'][k][f] for k in MODELS[family] for f in ('file', 'weights')}
+  model_files = {m['jits'][k][f] for k in FAMILY_MODELS[family] for f in ('file', 'weights')}
   for fn, digest in m['files'].items():
     if not (d / fn).is_file(): raise bad(f"{fn} is missing")
     if fn not in model_files and (got := sha256_file(d / fn)) != digest: raise bad(_altered(fn, digest, got))
-  art.models = {k: art.load_jit(k) for k in MODELS[family]}
+  art.models = {k: art.load_jit(k) for k in FAMILY_MODELS[family]}
   return art
 
 def write_artifact(out: str | os.PathLike, family: str, build) -> pathlib.Path:

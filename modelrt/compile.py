@@ -18,7 +18,7 @@ from tinygrad.uop.ops import Ops
 from msgq.visionipc.layout import NV12Layout
 from modelrt.constants import MODEL_WIDTH, MODEL_HEIGHT, DM_WIDTH, DM_HEIGHT
 from modelrt.modeldef import ModelDef
-from modelrt.contracts import CONTRACTS, ContractError, identify
+from modelrt.contracts import CONTRACTS, FAMILY_MODELS, ContractError, Model, identify
 from modelrt.guard import TensorSpec, GuardedJit, buffer_of
 from modelrt.runner import IMG_QUEUE_SHAPE, aligned_empty, camera_tensor, host_tensor, zero_tensor
 from modelrt import artifact
@@ -89,8 +89,9 @@ def road_warp_plans(layout: NV12Layout) -> list[InputPlan]:
           InputPlan('transform', (3, 3), 'float32', 'host')]
 def dm_warp_plans(layout: NV12Layout) -> list[InputPlan]:
   return [InputPlan('frame', (layout.size,), 'uint8', 'camera', layout), InputPlan('transform', (3, 3), 'float32', 'host')]
-def model_plans(md: ModelDef, device_inputs: tuple[str, ...]) -> list[InputPlan]:
-  return [InputPlan(k, tuple(shape), dt, 'device' if k in device_inputs else 'host') for k, (shape, dt) in md.inputs.items()]
+def model_plans(md: ModelDef, model: Model) -> list[InputPlan]:
+  """md's inputs; those the contract says a warp JIT writes are device buffers, the rest host inputs."""
+  return [InputPlan(k, tuple(shape), dt, 'device' if model.inputs[k].warped else 'host') for k, (shape, dt) in md.inputs.items()]
 
 # ***** capture and validation *****
 
@@ -147,8 +148,6 @@ def build_jit(name: str, fn: Callable, plans: list[InputPlan], device: str, out_
 
 # ***** families *****
 
-DEVICE_INPUTS = {'vision': ('img', 'big_img'), 'policy': (), 'dm': ('input_img',)}   # written by another JIT, not fed from the host
-
 def code_sha256() -> str:
   """The code inside the captured programs: this file, the warps and the ONNX lowering. A change there is a new build."""
   from modelrt import warp, onnx_import
@@ -164,8 +163,8 @@ def build_family(out: str | os.PathLike, family: str, models: dict[str, ModelDef
   models follow no known contract) or ValidationError."""
   from tinygrad.engine.worker import terminate_worker_pool
   device = Device.canonicalize(device or Device.DEFAULT)
-  if family not in artifact.MODELS or set(models) != set(artifact.MODELS[family]):
-    raise ValueError(f"family {family!r} needs models {artifact.MODELS.get(family)}, got {sorted(models)}")
+  if family not in FAMILY_MODELS or set(models) != set(FAMILY_MODELS[family]):
+    raise ValueError(f"family {family!r} needs models {FAMILY_MODELS.get(family)}, got {sorted(models)}")
   if not layouts: raise ValueError("at least one camera layout is needed")
   layouts = list(dict.fromkeys(layouts))
   contract = identify(family, models)   # before anything is captured: a model of another contract fails in a second
@@ -184,7 +183,7 @@ def build_family(out: str | os.PathLike, family: str, models: dict[str, ModelDef
   for l in layouts:
     if family == 'road': jobs.append((warp_name(str(l)), road_warp_fn(l, device), road_warp_plans(l), (MODEL_WIDTH, MODEL_HEIGHT)))
     else: jobs.append((warp_name(str(l)), dm_warp_fn(l, device), dm_warp_plans(l), (DM_WIDTH, DM_HEIGHT)))
-  for k in artifact.MODELS[family]: jobs.append((k, model_fn(models[k], device), model_plans(models[k], DEVICE_INPUTS[k]), None))
+  for k in FAMILY_MODELS[family]: jobs.append((k, model_fn(models[k], device), model_plans(models[k], contract.models[k]), None))
 
   def build(tmp: pathlib.Path) -> dict:
     jits, t0 = {}, time.monotonic()
@@ -195,7 +194,7 @@ def build_family(out: str | os.PathLike, family: str, models: dict[str, ModelDef
         jits[name] = build_jit(name, fn, plans, device, tmp, seed=i, transform_size=tsize)
         bar.update(1)
     return {**key, 'build_id': build_id, 'build_seconds': round(time.monotonic() - t0, 1), 'command': command, 'jits': jits,
-            'output_slices': {k: {n: [s.start, s.stop] for n, s in models[k].output_slices.items()} for k in artifact.MODELS[family]}}
+            'output_slices': {k: {n: [s.start, s.stop] for n, s in models[k].output_slices.items()} for k in FAMILY_MODELS[family]}}
   try:
     with Context(BEAM=beam, WINO=int(winograd)):
       return write_artifact(out, family, build), True

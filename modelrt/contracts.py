@@ -21,6 +21,7 @@ class Input:
   shape: tuple[int, ...]
   dtype: str                          # numpy dtype name of what the daemon feeds
   graph_dtypes: tuple[str, ...] = ()  # other element types the graph may declare: cast inside the captured program
+  warped: bool = False                # a camera frame the warp JIT writes on the device, not fed from the host
 
   def accepts(self) -> tuple[str, ...]: return (self.dtype, *self.graph_dtypes)
 
@@ -46,6 +47,13 @@ class Model:
   width: int | None = None   # the output vector's width; None: any that holds the slices
   open: bool = False         # slices the contract does not name are allowed (not parsed)
 
+  @property
+  def heads_width(self) -> int: return sum(h.width for h in self.heads.values())
+  @property
+  def built_width(self) -> int:
+    """The output vector's width of a model built to this contract: the release's, else just the heads."""
+    return self.width or self.heads_width
+
   def slices(self) -> dict[str, slice]:
     """The heads back to back from 0: the release's offsets, as a model built to this contract lays them out."""
     out, start = {}, 0
@@ -68,9 +76,10 @@ class RoadContract:
   hard_brake: dict[str, tuple[float, ...]]  # meta prediction -> thresholds its first value must exceed in each of the last frames, oldest first
   confidence: tuple[float, float]           # disengage score below the first: green, below the second: yellow, else red
   family: ClassVar[str] = 'road'
+  MODELS: ClassVar[tuple[str, ...]] = ('vision', 'policy')   # its Model fields, in the order they run
 
   @property
-  def models(self) -> dict[str, Model]: return {'vision': self.vision, 'policy': self.policy}
+  def models(self) -> dict[str, Model]: return {k: getattr(self, k) for k in self.MODELS}
 
 @dataclass(frozen=True)
 class DMContract:
@@ -80,11 +89,13 @@ class DMContract:
   face_descs: dict[str, slice]   # face_descs means (and stds) of each published quantity
   side_probs: tuple[str, ...]    # per side sigmoid heads
   family: ClassVar[str] = 'dm'
+  MODELS: ClassVar[tuple[str, ...]] = ('dm',)
 
   @property
-  def models(self) -> dict[str, Model]: return {'dm': self.dm}
+  def models(self) -> dict[str, Model]: return {k: getattr(self, k) for k in self.MODELS}
 
 Contract = RoadContract | DMContract
+FAMILY_MODELS: dict[str, tuple[str, ...]] = {c.family: c.MODELS for c in (RoadContract, DMContract)}   # family -> its models
 
 # ***** openpilot v0.11.1 (2026-05-18): driving_vision.onnx + driving_policy.onnx, dmonitoring_model.onnx *****
 
@@ -95,7 +106,7 @@ _DM_PROBS = ('face_prob', 'left_eye_prob', 'right_eye_prob', 'left_blink_prob', 
 ROAD_V0_11_1 = RoadContract(
   name='openpilot-0.11.1',
   vision=Model(
-    inputs={'img': Input(IMG_INPUT_SHAPE, 'uint8'), 'big_img': Input(IMG_INPUT_SHAPE, 'uint8')},
+    inputs={'img': Input(IMG_INPUT_SHAPE, 'uint8', warped=True), 'big_img': Input(IMG_INPUT_SHAPE, 'uint8', warped=True)},
     heads={'meta': Head('sigmoid', (55,)), 'desire_pred': Head('softmax', (4, DESIRE_LEN)), 'pose': Head('mdn', (6,)),
            'wide_from_device_euler': Head('mdn', (3,)), 'road_transform': Head('mdn', (6,)),
            'lane_lines': Head('mdn', (4, IDX_N, 2)),          # left far, left, right, right far; y, z at X_IDXS
@@ -124,7 +135,7 @@ ROAD_V0_11_1 = RoadContract(
 DM_V0_11_1 = DMContract(
   name='openpilot-0.11.1',
   dm=Model(
-    inputs={'input_img': Input(DM_INPUT_SHAPE, 'uint8'), 'calib': Input((1, 3), 'float32', _F16)},
+    inputs={'input_img': Input(DM_INPUT_SHAPE, 'uint8', warped=True), 'calib': Input((1, 3), 'float32', _F16)},
     heads={**{k: h for s in ('lhd', 'rhd') for k, h in ((f'face_descs_{s}', Head('mdn', (6,))), *((f'{p}_{s}', Head('sigmoid', (1,))) for p in _DM_PROBS))},
            'wheel_on_right': Head('sigmoid', (1,))},
     open=True),    # the output also carries the model's features (how many: the graph says)

@@ -19,8 +19,7 @@ class ModelDef:
   def to_contract(cls, name: str, model: Model, fn: Callable[..., Tensor], source_sha256: str) -> ModelDef:
     """A model written to a contract's model: its inputs, its heads back to back, the release's output width (with
     no width given, just the heads)."""
-    width = model.width or sum(h.width for h in model.heads.values())
-    return cls(name, {k: (i.shape, i.dtype) for k, i in model.inputs.items()}, model.slices(), width, fn, source_sha256)
+    return cls(name, {k: (i.shape, i.dtype) for k, i in model.inputs.items()}, model.slices(), model.built_width, fn, source_sha256)
 
   def fed(self, dtypes: dict[str, str]) -> ModelDef:
     """This model fed inputs of these dtypes (in this order): an input the graph declares otherwise is cast to the

@@ -10,9 +10,10 @@ from tinygrad.nn.onnx import OnnxPBParser, OnnxRunner, WireType, onnx_ops
 from tinygrad.uop.ops import Ops, UOp
 import numpy as np
 from modelrt.artifact import sha256_file
+from modelrt.contracts import FAMILY_MODELS
 from modelrt.modeldef import ModelDef
 
-MODELS = ('vision', 'policy', 'dm')
+MODELS = tuple(k for ms in FAMILY_MODELS.values() for k in ms)
 
 class OnnxImportError(ValueError): pass
 

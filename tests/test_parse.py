@@ -6,7 +6,6 @@ from modeld.parse import parse_outputs
 from dmonitoringd.parse import parse_dm_outputs
 
 def cut(vec: np.ndarray, model) -> dict: return {k: vec[None, s] for k, s in model.slices().items()}
-def width(model) -> int: return model.width or sum(h.width for h in model.heads.values())
 
 def test_primitives_stay_finite():
   x = np.array([-1e30, -1e4, -50, 0, 50, 1e4, 1e30], np.float32)
@@ -63,7 +62,7 @@ def test_parse_mdn_plain():
   np.testing.assert_allclose(std[0], [[1, 2, 3], [4, 5, 6]], rtol=1e-6)
 
 def test_road_outputs_v0_11_1():
-  v, p = np.zeros(width(ROAD_V0_11_1.vision), np.float32), np.zeros(width(ROAD_V0_11_1.policy), np.float32)
+  v, p = np.zeros(ROAD_V0_11_1.vision.built_width, np.float32), np.zeros(ROAD_V0_11_1.policy.built_width, np.float32)
   sv, sp = ROAD_V0_11_1.vision.slices(), ROAD_V0_11_1.policy.slices()
   assert (v.size, p.size, sv['lead'], sv['meta'], sp['plan']) == (1576, 1000, slice(917, 1061), slice(0, 55), slice(0, 990))
   v[sv['lane_lines_prob']] = [5, -5, -5, -5, -5, 5, 5, -5]   # per line (absent, present)
@@ -96,7 +95,7 @@ def test_road_outputs_v0_11_1():
   assert out['wide_from_device_euler'].shape == (3,)
 
 def test_dm_outputs_both_sides():
-  d = np.zeros(width(DM_V0_11_1.dm), np.float32)
+  d = np.zeros(DM_V0_11_1.dm.built_width, np.float32)
   s = DM_V0_11_1.dm.slices()
   d[s['face_descs_rhd']] = [0.1, 0.2, 0.3, -0.2, 0.1, 0.5, *np.log([1, 2, 3, 4, 5, 6])]
   d[s['using_phone_prob_rhd']] = 8
@@ -115,7 +114,7 @@ def test_dm_outputs_both_sides():
 @pytest.mark.parametrize("scale", [1.0, 1e4, 1e30])
 def test_no_nan_from_finite(scale):
   rng = np.random.default_rng(1)
-  def rand(model): return cut((rng.standard_normal(width(model)) * scale).astype(np.float32), model)
+  def rand(model): return cut((rng.standard_normal(model.built_width) * scale).astype(np.float32), model)
   with np.errstate(over='raise', invalid='raise', divide='raise'):
     road = parse_outputs({**rand(ROAD_V0_11_1.vision), **rand(ROAD_V0_11_1.policy)}, ROAD_V0_11_1)
     dm = parse_dm_outputs(rand(DM_V0_11_1.dm), DM_V0_11_1)

@@ -37,7 +37,7 @@ DEFAULT_SPEED = 20.0                 # m/s, assumed by the policy while no dashe
 SHOULDER = 0.8                       # m of asphalt beyond the outer lines (the synthetic scenes' default)
 _X10 = int(np.argmin(np.abs(X_IDXS - 10.0)))
 SOURCE_SHA256 = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
-VISION_HEADS, POLICY_HEADS = CONTRACT.vision.heads, CONTRACT.policy.heads
+VISION_HEADS = CONTRACT.vision.heads
 HISTORY_LEN = CONTRACT.policy.inputs['features_buffer'].shape[1]
 
 # hidden_state layout: what the policy reads from each history entry
@@ -434,6 +434,6 @@ def policy_fn(C: dict[str, Tensor]):
 def policy_constants() -> dict[str, Tensor]:
   def c(a) -> Tensor: return Tensor(np.asarray(a, np.float32)).realize()
   return {'T': c(T_IDXS), 'recency': c(np.exp((np.arange(HISTORY_LEN) - HISTORY_LEN + 1) / 5.0)),
-          'unused': c(np.zeros(CONTRACT.policy.width - sum(h.width for h in POLICY_HEADS.values())))}   # the release's vector has spare entries
+          'unused': c(np.zeros(CONTRACT.policy.width - CONTRACT.policy.heads_width))}   # the release's vector has spare entries
 
 def policy_model() -> ModelDef: return ModelDef.to_contract('policy', CONTRACT.policy, policy_fn(policy_constants()), SOURCE_SHA256)
