@@ -19,7 +19,7 @@ u = cx + fl*y/x, v = cy + fl*h/x: every image row v is one distance x = fl*h/(v 
   (pose rotation, wide camera extrinsics, road transform) is zero with a high std.
 Policy reads the 25-deep feature history and plans along the lane centre at the estimated speed.
 """
-import functools, hashlib, math
+import functools, hashlib, itertools, math
 from pathlib import Path
 import numpy as np
 from tinygrad import Tensor, dtypes
@@ -40,11 +40,12 @@ SOURCE_SHA256 = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
 VISION_HEADS = CONTRACT.vision.heads
 HISTORY_LEN = CONTRACT.policy.inputs['features_buffer'].shape[1]
 
-# hidden_state layout: what the policy reads from each history entry
-HIDDEN = {'centre': slice(0, IDX_N), 'centre_std': slice(IDX_N, 2 * IDX_N), 'centre_fit': slice(66, 69), 'lane_width': 69,
-          'speed': 70, 'speed_conf': 71, 'lead_found': 72, 'lead_x': 73, 'lead_y': 74, 'lead_v_rel': 75, 'lead_v_rel_std': 76,
-          'lines_found': 77, 'wide_brightness': 78}
-HIDDEN_USED = 79
+# hidden_state layout: what the policy reads from each history entry, in order (widths), then zeros. HIDDEN: where
+# each sits (a slice, or the index of a single value)
+HIDDEN_WIDTHS = {'centre': IDX_N, 'centre_std': IDX_N, 'centre_fit': 3, 'lane_width': 1, 'speed': 1, 'speed_conf': 1, 'lead_found': 1,
+                 'lead_x': 1, 'lead_y': 1, 'lead_v_rel': 1, 'lead_v_rel_std': 1, 'lines_found': 1, 'wide_brightness': 1}
+HIDDEN = {k: slice(end - w, end) if w > 1 else end - 1 for (k, w), end in zip(HIDDEN_WIDTHS.items(), itertools.accumulate(HIDDEN_WIDTHS.values()))}
+HIDDEN_USED = sum(HIDDEN_WIDTHS.values())
 
 @functools.cache
 def grid() -> dict[str, Tensor]:
@@ -375,10 +376,10 @@ def vision_fn(C: dict[str, Tensor]):
     pose = Tensor.cat(speed.reshape(1), C['pose_rest'], speed_std.log().reshape(1), C['pose_rest_logstd'])
     meta = Tensor.cat((lines_found * 4 - 2).reshape(1), C['meta_rest'])
 
-    hidden = Tensor.cat(centre, centre_std, (coef[1] + coef[2]) / 2, lane_width.reshape(1), speed.reshape(1), speed_conf.reshape(1),
-                        found.float().reshape(1), lx.reshape(1), ly.reshape(1), v_rel.reshape(1), v_rel_std.reshape(1),
-                        lines_found.reshape(1), (big_img[0, 6:10].cast(dtypes.float32).mean() / 255).reshape(1),
-                        C['hidden_rest'])
+    hidden = {'centre': centre, 'centre_std': centre_std, 'centre_fit': (coef[1] + coef[2]) / 2, 'lane_width': lane_width, 'speed': speed,
+              'speed_conf': speed_conf, 'lead_found': found.float(), 'lead_x': lx, 'lead_y': ly, 'lead_v_rel': v_rel, 'lead_v_rel_std': v_rel_std,
+              'lines_found': lines_found, 'wide_brightness': big_img[0, 6:10].cast(dtypes.float32).mean() / 255}
+    hidden = Tensor.cat(*[hidden[k].reshape(w) for k, w in HIDDEN_WIDTHS.items()], C['hidden_rest'])   # reshape: each part its width
     heads = {'pose': pose, 'wide_from_device_euler': C['wide_from_device'], 'road_transform': C['road_transform'], 'desire_pred': C['desire_pred'],
              'meta': meta, 'lane_lines': lane_lines, 'lane_lines_prob': lane_lines_prob, 'road_edges': road_edges, 'lead': lead_out,
              'lead_prob': lead_prob, 'hidden_state': hidden}
