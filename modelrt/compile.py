@@ -148,12 +148,22 @@ def build_jit(name: str, fn: Callable, plans: list[InputPlan], device: str, out_
 
 # ***** families *****
 
+def code_sources() -> dict[str, bytes]:
+  """{module: source} of the code a build's programs are made from: every module of this package (the captured
+  functions, the warps, the ONNX lowering, the casts ModelDef.fed inserts, the contracts, constants, geometry, the
+  runner's queue shape, the reference models) and the NV12 layouts the warps bake in. The whole package, not a list
+  of modules, so that no dependency can be left out; an edit that changes no program only costs a rebuild."""
+  pkg = pathlib.Path(__file__).resolve().parent
+  files = {'.'.join(p.relative_to(pkg.parent).with_suffix('').parts): p for p in pkg.rglob('*.py')}
+  files[NV12Layout.__module__] = pathlib.Path(sys.modules[NV12Layout.__module__].__file__)
+  return {name: p.read_bytes() for name, p in files.items()}
+
 def code_sha256() -> str:
-  """The code inside the captured programs: this file, the warps and the ONNX lowering. A change there is a new build."""
-  from modelrt import warp, onnx_import
+  """sha256 over code_sources(), each module's name and size before its source: a change to any is a new build."""
   h = hashlib.sha256()
-  for mod in (sys.modules[__name__], warp, onnx_import):
-    h.update(pathlib.Path(mod.__file__).read_bytes() if getattr(mod, '__file__', None) else mod.__name__.encode())
+  for name, src in sorted(code_sources().items()):
+    h.update(f"{name}\0{len(src)}\0".encode())
+    h.update(src)
   return h.hexdigest()
 
 def build_family(out: str | os.PathLike, family: str, models: dict[str, ModelDef], layouts: list[NV12Layout], device: str | None = None,
@@ -171,7 +181,8 @@ def build_family(out: str | os.PathLike, family: str, models: dict[str, ModelDef
   models = {k: md.fed({n: i.dtype for n, i in contract.models[k].inputs.items()}) for k, md in models.items()}
   command = command or ['modeld-compile', '--family', family, *[a for l in layouts for a in ('--camera', str(l))], '--out', str(out)]
   key = {'format': FORMAT_VERSION, 'family': family, 'contract': contract.name, 'tinygrad': artifact.tinygrad_version(), 'target': artifact.target(device),
-         'options': {'beam': beam, 'winograd': winograd}, 'sources': {**{k: md.source_sha256 for k, md in models.items()}, 'code': code_sha256()},
+         'options': {'beam': beam, 'winograd': winograd}, 'sources': {**{k: md.source_sha256 for k, md in models.items()}, 'code': code_sha256(),
+                                                          'contract': hashlib.sha256(repr(contract).encode()).hexdigest()},
          'layouts': [str(l) for l in layouts]}
   build_id = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
   if not force:

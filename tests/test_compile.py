@@ -8,7 +8,8 @@ from tinygrad.helpers import Context
 from tests.onnx_models import vision_onnx, policy_onnx, dm_onnx, SLICES, KNOWN
 from modelrt.contracts import ROAD_V0_11_1, DM_V0_11_1, ContractError, identify
 from modelrt.onnx_import import load_onnx, OnnxImportError, metadata_props
-from modelrt.compile import build_jit, InputPlan, ValidationError, main
+from modelrt import compile as modeld_compile
+from modelrt.compile import build_jit, code_sha256, code_sources, InputPlan, ValidationError, main
 from modelrt.artifact import write_artifact
 
 @pytest.fixture(autouse=True)
@@ -129,6 +130,17 @@ def test_failed_build_keeps_the_old_artifact_and_leaves_no_temp(tmp_path):
   with pytest.raises(ValidationError): write_artifact(tmp_path, 'road', bad)
   assert (tmp_path / 'road' / 'x').read_text() == '1' and sorted(p.name for p in tmp_path.iterdir()) == ['road']
   assert set(json.loads((tmp_path / 'road' / 'manifest.json').read_text())['files']) == {'x'}
+
+# ***** what a build is addressed by *****
+
+@pytest.mark.parametrize('module', ['modelrt.compile', 'modelrt.warp', 'modelrt.onnx_import', 'modelrt.constants', 'modelrt.geometry',
+                                    'modelrt.contracts', 'modelrt.modeldef', 'modelrt.runner', 'msgq.visionipc.layout'])
+def test_the_build_id_covers_the_code_the_programs_are_made_from(monkeypatch, module):
+  """Each module the captured programs depend on (the captured functions, warps, ONNX lowering, constants, geometry,
+  contract shapes, ModelDef.fed's casts, the runner's queue shape, the NV12 layouts): an edit to it is a new build."""
+  base, sources = code_sha256(), code_sources()
+  monkeypatch.setattr(modeld_compile, 'code_sources', lambda: {**sources, module: sources[module] + b'# edited\n'})
+  assert code_sha256() != base
 
 # ***** the command line *****
 

@@ -1,14 +1,15 @@
 """Artifacts built by modeld-compile from tiny ONNX models (built once for this module), the loader's refusals, and the
 runners the daemons use every frame (frame history, camera buffers, outputs that outlive the next frame)."""
-import hashlib, json, os, pickle, shutil
+import dataclasses, hashlib, json, os, pickle, shutil
 import numpy as np
 import pytest
 from tinygrad.helpers import Context
 from tests.onnx_models import vision_onnx, policy_onnx, dm_onnx, SLICES, KNOWN
 from msgq.visionipc.layout import NV12Layout
 from modelrt.constants import FRAME_SKIP, DESIRE_LEN, IMG_CHANNELS
-from modelrt.contracts import ROAD_V0_11_1
+from modelrt.contracts import CONTRACTS, DM_V0_11_1, ROAD_V0_11_1
 from modelrt.artifact import load_artifact, ArtifactError, FORMAT_VERSION, tinygrad_version
+from modelrt import compile as modeld_compile
 from modelrt.compile import main
 from modelrt.guard import CameraLayoutError, buffer_of
 from modelrt.runner import RoadRunner, DMRunner, HostBuf
@@ -68,6 +69,21 @@ def test_unchanged_build_is_skipped(built, tmp_path, capsys):
   mtime = os.stat(tmp_path / 'road' / 'manifest.json').st_mtime_ns
   assert main(built[2][:-3] + ['--out', str(tmp_path), '--quiet']) == 0
   assert 'road: up to date' in capsys.readouterr().out and os.stat(tmp_path / 'road' / 'manifest.json').st_mtime_ns == mtime
+
+@pytest.mark.parametrize('change', ['code', 'contract'])
+def test_a_changed_dependency_is_built_again(built, tmp_path, capsys, monkeypatch, change):
+  """The programs are made from more than the model files: with a constant of the code or the contract's description
+  changed (in this process, in what the build hashes), an artifact that was up to date is built again."""
+  shutil.copytree(built[0] / 'dm', tmp_path / 'dm')
+  argv = ['--dm-onnx', str(built[1]['dm']), '--camera', str(MAIN), '--out', str(tmp_path), '--quiet']
+  with Context(PARALLEL=0):
+    assert main(argv) == 0 and 'dm: up to date' in capsys.readouterr().out
+    if change == 'code':
+      sources = modeld_compile.code_sources()
+      monkeypatch.setattr(modeld_compile, 'code_sources', lambda: {**sources, 'modelrt.constants': sources['modelrt.constants'] + b'IDX_N = 34\n'})
+    else:
+      monkeypatch.setitem(CONTRACTS['dm'], DM_V0_11_1.name, dataclasses.replace(DM_V0_11_1, face_descs={'face_orientation': slice(0, 3)}))
+    assert main(argv) == 0 and 'dm: built' in capsys.readouterr().out
 
 @pytest.fixture
 def copy(built, tmp_path):
