@@ -113,7 +113,7 @@ def small_models() -> None:
     # guard overhead as the runner pays it (warp: checks; models: checks + host copy) vs the bare replay (the same
     # HostReplay without checks or copy) + device sync, interleaved so both see the same machine load
     dev = Device[runner.artifact.manifest['target']['device']]
-    frame = runner.cameras.get(bufs[0], layout)
+    frame = runner.cameras.get(bufs[0], runner.warps['img'])
     cases = {'warp': (runner.warps['img'], {'queue': runner.queues['img'], 'frame': frame, 'transform': runner.transforms['img'][1]})}
     big = {'queue': runner.queues['big_img'], 'frame': frame, 'transform': runner.transforms['big_img'][1]}
     cases['vision'] = (runner.vision, {'img': runner.warps['img'].replay(**cases['warp'][1]), 'big_img': runner.warps['big_img'].replay(**big)})
@@ -162,10 +162,10 @@ def reference() -> None:
   road.warmup(), dm.warmup()
   dm.transform[0][:] = dm_warp_matrix(camera_for('ar0231', 'driver', 1928, 1208))
   dev = Device[road.artifact.manifest['target']['device']]
-  frames = {k: road.cameras.get(b, layout) for k, b in zip(('img', 'big_img'), bufs)}
+  frames = {k: road.cameras.get(b, road.warps[k]) for k, b in zip(('img', 'big_img'), bufs)}
   warp_in = {k: {'queue': road.queues[k], 'frame': frames[k], 'transform': road.transforms[k][1]} for k in road.warps}
   imgs = {k: road.warps[k].replay(**warp_in[k]) for k in road.warps}
-  dframe = dm.cameras.get(bufs[2], layout)
+  dframe = dm.cameras.get(bufs[2], dm.warp)
   dm_img = dm.warp.replay(frame=dframe, transform=dm.transform[1])
   cases = {'road warp (img)': (road.warps['img'], warp_in['img']), 'wide road warp (big_img)': (road.warps['big_img'], warp_in['big_img']),
            'reference vision': (road.vision, imgs), 'reference policy': (road.policy, {'features_buffer': road.features_buffer[1],

@@ -182,6 +182,10 @@ def _check_manifest(m: dict, family: str, bad: Callable[[str], ArtifactError]) -
     for i, spec in enumerate(get('a list of input specs', lambda v: isinstance(v, list), 'jits', name, 'inputs')):
       try: TensorSpec.from_json(spec)
       except ValueError as e: raise malformed(('jits', name, 'inputs', str(i)), f"an input spec ({e})") from None
+  for layout in layouts:   # the runners check every camera buffer against the layout its warp's frame input was captured for
+    frame = next((s for s in m['jits'][warp_name(layout)]['inputs'] if s['name'] == 'frame'), {})
+    if frame.get('layout') != layout:
+      raise malformed(('jits', warp_name(layout), 'inputs', 'frame', 'layout'), f"the camera layout {layout}", frame.get('layout', MISSING))
   for model in FAMILY_MODELS[family]:
     width = get('a shape (a list of sizes)', lambda v: isinstance(v, list) and v and all(map(is_count, v)), 'jits', model, 'output', 'shape')[-1]
     for k in get('{output name: [start, stop]}', lambda v: isinstance(v, dict), 'output_slices', model):

@@ -13,7 +13,6 @@ from tinygrad import Tensor
 from tinygrad.device import Buffer
 from tinygrad.dtype import DTYPES_DICT, DType, _to_np_dtype, _from_np_dtype
 from tinygrad.uop.ops import Ops, buffers
-from msgq.visionipc.wire import ALIGN
 from modelrt.dispatch import HostReplay
 
 class InputSpecError(ValueError):
@@ -28,7 +27,8 @@ class TensorSpec:
   shape: tuple[int, ...]
   device: str
   nbytes: int
-  layout: str | None = None   # NV12 layout spec of a camera buffer input (a from_blob over the ringbuffer), else None
+  layout: str | None = None   # NV12 layout of a camera buffer input (a from_blob over the ringbuffer; the runner checks
+                              # each buffer against it, and its alignment), else None
 
   @classmethod
   def of(cls, name: str, t: Tensor, layout: str | None = None) -> TensorSpec:
@@ -69,8 +69,6 @@ def check_input(spec: TensorSpec, t) -> None:
   if t.device != spec.device: bad('device', spec.device, t.device)
   if (buf := buffer_of(t)) is None: bad('a contiguous realized buffer', '', f"a lazy or strided view {t.uop.op}")
   if buf.nbytes != spec.nbytes: bad('byte length', spec.nbytes, buf.nbytes)
-  if buf.options is not None and (ptr := buf.options.external_ptr) is not None and ptr % ALIGN:
-    bad(f'a {ALIGN}-byte aligned pointer', '', hex(ptr))
 
 class GuardedJit:
   """A loaded captured JIT with the input specs it was captured for. `replay` checks and returns the JIT's own output

@@ -52,10 +52,12 @@ class CameraTensors:
   def __init__(self, artifact: Artifact):
     self.artifact, self._cache = artifact, {}
 
-  def get(self, buf, layout: NV12Layout) -> Tensor:
+  def get(self, buf, warp: GuardedJit) -> Tensor:
+    """The `frame` input of `warp` over this buffer, once the buffer is checked against the layout that warp was
+    captured for (its input spec in the artifact) and for a from_blob-safe alignment: CameraLayoutError if not."""
     # the buffer's fields, formatted as a layout (a buffer is not one, and may hold fields no layout accepts)
-    if (got := NV12Layout.__str__(buf)) != str(layout):
-      raise CameraLayoutError(f"camera stream {buf.stream} buffer {buf.idx}: expected layout {layout}, got {got}; "
+    if (got := NV12Layout.__str__(buf)) != (want := warp.inputs['frame'].layout):
+      raise CameraLayoutError(f"camera stream {buf.stream} buffer {buf.idx}: expected layout {want}, got {got}; "
                               f"a new camera layout needs a new runner (artifact serves {', '.join(self.artifact.layouts)})")
     if buf.addr % ALIGN: raise CameraLayoutError(f"camera stream {buf.stream} buffer {buf.idx}: address {buf.addr:#x} is not {ALIGN}-byte aligned")
     if buf.idx < 0: return camera_tensor(buf.addr, buf.size)
@@ -125,7 +127,7 @@ class RoadRunner:
     if desire.shape != (DESIRE_LEN,): raise ValueError(f"desire: expected shape ({DESIRE_LEN},), got {desire.shape}")
     if traffic_convention.shape != (TRAFFIC_CONVENTION_LEN,):
       raise ValueError(f"traffic_convention: expected shape ({TRAFFIC_CONVENTION_LEN},), got {traffic_convention.shape}")
-    frames = {'img': self.cameras.get(main_buf, self.main_layout), 'big_img': self.cameras.get(extra_buf, self.extra_layout)}
+    frames = {k: self.cameras.get(b, self.warps[k]) for k, b in (('img', main_buf), ('big_img', extra_buf))}
     warp_in = {k: {'queue': self.queues[k], 'frame': frames[k], 'transform': self.transforms[k][1]} for k in self.warps}
     for k, w in self.warps.items(): w.check(warp_in[k])   # both before either replays: a bad input must not advance a queue
     imgs = {k: w.dispatch(**warp_in[k]) for k, w in self.warps.items()}
@@ -176,7 +178,7 @@ class DMRunner:
   def run(self, buf, calib: np.ndarray, transform: np.ndarray) -> ModelOutput:
     if np.size(calib) != 3: raise ValueError(f"calib: expected 3 values (rpyCalib), got shape {np.shape(calib)}")
     if np.shape(transform) != (3, 3): raise ValueError(f"transform: expected shape (3, 3), got {np.shape(transform)}")
-    frame = self.cameras.get(buf, self.layout)
+    frame = self.cameras.get(buf, self.warp)
     self.calib[0][:] = np.reshape(calib, (1, 3))
     self.transform[0][:] = transform
     return _output((self.model(input_img=self.warp.replay(frame=frame, transform=self.transform[1]), calib=self.calib[1]), self.slices))

@@ -246,8 +246,9 @@ def test_artifacts_for_other_cameras_are_refused_before_ray_starts(routes, tiny_
   arts = tmp_path / "arts"
   for family in ("road", "dm"):
     manifest = json.loads((tiny_artifacts / family / "manifest.json").read_text())
-    if family == "dm":   # built for another camera size alone: its warp under that layout's name
-      manifest["jits"][warp_name(str(UNSERVED_LAYOUT))] = manifest["jits"].pop(warp_name(manifest["layouts"][0]))
+    if family == "dm":   # built for another camera size alone: its warp under that layout's name, its frame input of that layout
+      manifest["jits"][warp_name(str(UNSERVED_LAYOUT))] = warp = manifest["jits"].pop(warp_name(manifest["layouts"][0]))
+      next(i for i in warp["inputs"] if i["name"] == "frame")["layout"] = str(UNSERVED_LAYOUT)
       manifest["layouts"] = [str(UNSERVED_LAYOUT)]
     (arts / family).mkdir(parents=True)
     (arts / family / "manifest.json").write_text(json.dumps(manifest))

@@ -114,6 +114,8 @@ def _edit_manifest(d, fn):
    "field output_slices.policy.plan: expected [start, stop] within the output's 1000 values, got [0, 1001]"),
   (lambda m: m['output_slices'].pop('policy'), "manifest.json field output_slices.policy: expected {output name: [start, stop]}, got nothing"),
   (lambda m: m.update(contract='openpilot-9.9'), "its models follow contract 'openpilot-9.9', which this version does not know"),
+  (lambda m: next(i for i in m['jits'][WARP]['inputs'] if i['name'] == 'frame').update(layout=str(MAIN)),
+   f"field jits.{WARP}.inputs.frame.layout: expected the camera layout {EXTRA}, got '{MAIN}'"),
 ])
 def test_loader_refuses_other_builds_with_the_rebuild_command(copy, edit, msg):
   _edit_manifest(copy, edit)
@@ -219,7 +221,7 @@ def test_image_queue_keeps_the_frame_four_earlier(road):
   r.set_transforms(T, T)
   bufs, imgs = [CamBuf(MAIN, idx=i, seed=10 + i) for i in range(2 * FRAME_SKIP + 1)], []
   for b in bufs:
-    imgs.append(w(queue=r.queues['img'], frame=r.cameras.get(b, MAIN), transform=r.transforms['img'][1]).reshape(2 * IMG_CHANNELS, -1))
+    imgs.append(w(queue=r.queues['img'], frame=r.cameras.get(b, w), transform=r.transforms['img'][1]).reshape(2 * IMG_CHANNELS, -1))
   assert not imgs[0][:IMG_CHANNELS].any()                  # no history yet: the older half is zeros
   for b, img in zip(bufs, imgs):                            # the newest half is the warp of this frame (from_blob, reloaded JIT)
     np.testing.assert_array_equal(img[IMG_CHANNELS:], road_warp_np(b.data, T, MAIN).reshape(IMG_CHANNELS, -1))
@@ -322,7 +324,7 @@ def test_dm_runner(built):
   r.warmup()
   x = CamBuf(MAIN, stream=1, seed=90)
   out = r.run(x, np.zeros(3), T)
-  np.testing.assert_array_equal(r.warp(frame=r.cameras.get(x, MAIN), transform=r.transform[1]), dm_warp_np(x.data, T, MAIN).reshape(-1))
+  np.testing.assert_array_equal(r.warp(frame=r.cameras.get(x, r.warp), transform=r.transform[1]), dm_warp_np(x.data, T, MAIN).reshape(-1))
   assert set(out.outputs) == set(SLICES['dm']) and out.raw.shape == (553,)
   held = out.raw.copy()
   assert not np.array_equal(held, r.run(x, np.array([0, .1, 0]), T).raw)          # calibration is a live input
