@@ -1,9 +1,11 @@
 """Parsed driver-model outputs -> driverStateV2; policy state -> driverMonitoringState."""
 from __future__ import annotations
+import capnp
 import numpy as np
 from cereal.messaging import new_message
 
-def fill_driver_state(dm: dict, frame_id: int, execution_time: float, gpu_time: float, valid: bool, raw: np.ndarray | None = None):
+def fill_driver_state(dm: dict, frame_id: int, execution_time: float, gpu_time: float, valid: bool,
+                      raw: np.ndarray | None = None) -> capnp.lib.capnp._DynamicStructBuilder:
   """dm: dmonitoringd.parse.parse_dm_outputs(...). gpu_time: the input preparation and the replays of the warp + model
   JITs, a wall time (on the CPU backend there is no separate device clock)."""
   msg = new_message('driverStateV2')
@@ -21,7 +23,7 @@ def fill_driver_state(dm: dict, frame_id: int, execution_time: float, gpu_time: 
     b.sunglassesProb, b.phoneProb, b.sleepProb = d['sunglasses_prob'], d['using_phone_prob'], d['sleep_prob']
   return msg
 
-def fill_monitoring_state(state: dict, valid: bool):
+def fill_monitoring_state(state: dict, valid: bool) -> capnp.lib.capnp._DynamicStructBuilder:
   """state: DriverMonitoring.update(...). openpilot's message carries no frame id: it follows its driverStateV2."""
   msg = new_message('driverMonitoringState')
   msg.valid = valid

@@ -7,6 +7,7 @@ preLaneChange if the blinker is still on). Steering off, the blinker released or
 cancels it. The desire index is a one-hot position; the runner turns it into a rising-edge pulse.
 """
 from __future__ import annotations
+from typing import Protocol
 import numpy as np
 from modelrt.constants import DESIRE_LEN, DT
 
@@ -18,6 +19,16 @@ class Desire:
   none, turnLeft, turnRight, laneChangeLeft, laneChangeRight, keepLeft, keepRight = range(7)
 
 
+class CarState(Protocol):
+  """What the lane-change logic reads of carState (the message's reader, or any object with these fields)."""
+  vEgo: float
+  leftBlinker: bool
+  rightBlinker: bool
+  steeringPressed: bool
+  steeringTorque: float
+  leftBlindspot: bool
+  rightBlindspot: bool
+
 class DesireHelper:
   def __init__(self):
     self.lane_change_state = 'off'
@@ -27,8 +38,7 @@ class DesireHelper:
     self.prev_one_blinker = False
     self.desire = Desire.none
 
-  def update(self, cs, lateral_active: bool, lane_change_prob: float) -> None:
-    """cs: a carState reader (vEgo, leftBlinker, rightBlinker, steeringPressed, steeringTorque, left/rightBlindspot)."""
+  def update(self, cs: CarState, lateral_active: bool, lane_change_prob: float) -> None:
     one_blinker = cs.leftBlinker != cs.rightBlinker
     below_speed = not cs.vEgo >= LANE_CHANGE_SPEED_MIN   # NaN speed counts as too slow
     direction = 'left' if cs.leftBlinker else 'right'

@@ -11,6 +11,7 @@ action and a zero path, and does not feed it back.
 """
 from __future__ import annotations
 from dataclasses import dataclass, field
+import capnp
 import numpy as np
 from cereal.messaging import new_message
 from modelrt.constants import T_IDXS, X_IDXS, LEAD_T_IDXS, LEAD_T_OFFSETS, META_T_IDXS, MODEL_RUN_FREQ, DT
@@ -131,7 +132,7 @@ def update_confidence(state: PublishState, meta: dict, frame_id: int, thresholds
   return 'green' if score < thresholds[0] else 'yellow' if score < thresholds[1] else 'red'
 
 def fill_model_msgs(out: dict, info: FrameInfo, action: Action, path: np.ndarray, state: PublishState, contract: RoadContract,
-                    raw: np.ndarray | None = None):
+                    raw: np.ndarray | None = None) -> tuple[capnp.lib.capnp._DynamicStructBuilder, ...]:
   """out: modeld.parse.parse_outputs(...), action: get_action(...), path: path_coefficients(...). Returns (modelV2,
   drivingModelData, cameraOdometry) Event builders.
   cameraOdometry is valid only when the frame is (it is never sent for a frame after a drop)."""

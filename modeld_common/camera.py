@@ -2,11 +2,12 @@
 from __future__ import annotations
 import logging, time
 from collections.abc import Callable
+from modeld_service import StopFlag
 
 log = logging.getLogger(__name__)
 POLL_S = 0.1   # openpilot polls available streams every 0.1 s
 
-def wait_for_streams(server: str, stop, tick: Callable[[], None]) -> set[int] | None:
+def wait_for_streams(server: str, stop: StopFlag, tick: Callable[[], None]) -> set[int] | None:
   """The streams `server` serves, polled every POLL_S until it has some; None if stop was set meanwhile."""
   from msgq.visionipc import VisionIpcClient
   logged = False
@@ -18,7 +19,7 @@ def wait_for_streams(server: str, stop, tick: Callable[[], None]) -> set[int] | 
     time.sleep(POLL_S)
   return None
 
-def connect(clients: list, stop, tick: Callable[[], None], timeout: float = 10.) -> bool:
+def connect(clients: list, stop: StopFlag, tick: Callable[[], None], timeout: float = 10.) -> bool:
   """Connect every client (non-blocking tries every POLL_S). False if stopped, or a stream vanished for `timeout` s."""
   t0 = time.monotonic()
   for c in clients:

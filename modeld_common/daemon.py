@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 from collections.abc import Callable
 import numpy as np
 from modeld_service import Stats, StopFlag, Watchdog, exit_now, notify, set_process_title, setup_logging
+from modeld_common.camera import StreamWatch, connect, wait_for_streams
 from modelrt.calibration import DEFAULT_SENSOR, Calibration
 from modelrt.geometry import SENSORS
 
@@ -192,7 +193,7 @@ class ModelDaemon:
     """A function returning the next frame's buffers (the model's step arguments), or None after a receive timeout."""
     raise NotImplementedError
 
-  def serve(self, model: FrameModel, watch, clients: list) -> None:
+  def serve(self, model: FrameModel, watch: StreamWatch, clients: list) -> None:
     """Frames until the stop flag or a camera server restart (a client disconnects)."""
     model.reset()
     receive = self.receiver(clients)
@@ -211,7 +212,6 @@ class ModelDaemon:
 
   def run(self) -> int:
     from modelrt.artifact import load_artifact
-    from modeld_common.camera import StreamWatch, wait_for_streams, connect
     server = self.args.camera_server
     try:
       # manifest, hashes and model JITs before any camera: a bad artifact exits 78 at once (the warps wait for the layouts)

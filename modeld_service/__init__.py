@@ -14,6 +14,7 @@
 from __future__ import annotations
 import logging, os, signal, socket, sys, time
 from collections import defaultdict
+from typing import NoReturn
 import numpy as np
 
 def _notify_addr() -> str | None:
@@ -187,7 +188,7 @@ class Stats:
     self.times.clear()
     self.t0 = now
 
-def exit_now(code: int):
+def exit_now(code: int) -> NoReturn:
   """End the process at once with `code`, after flushing logs and stdio. For a daemon that has closed everything it
   owns: the interpreter's own teardown (freeing tinygrad's object graphs: ~0.4 s here) would eat the stop budget."""
   logging.shutdown()

@@ -63,7 +63,7 @@ def sha256_file(path: pathlib.Path) -> str:
 
 # ***** saving *****
 
-def save_jit(jit, out_dir: pathlib.Path, name: str) -> dict[str, Any]:
+def save_jit(jit: TinyJit, out_dir: pathlib.Path, name: str) -> dict[str, Any]:
   """Pickle a captured JIT as NAME.pkl + NAME.bin; returns its manifest entry (file names and buffer offsets)."""
   chunks: list[pickle.PickleBuffer] = []
   data = pickle.dumps(jit, protocol=5, buffer_callback=chunks.append)
@@ -268,7 +268,7 @@ def load_artifact(path: str | os.PathLike, family: str, device: str | None = Non
   art.models = {k: art.load_jit(k) for k in FAMILY_MODELS[family]}
   return art
 
-def write_artifact(out: str | os.PathLike, family: str, build) -> pathlib.Path:
+def write_artifact(out: str | os.PathLike, family: str, build: Callable[[pathlib.Path], dict[str, Any]]) -> pathlib.Path:
   """Build into a temporary sibling directory with `build(tmp_dir) -> manifest`, hash every file into the manifest,
   then swap it in, so a reader never sees a half-written artifact and a failed build leaves the old one in place."""
   out = pathlib.Path(out)

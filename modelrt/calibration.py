@@ -1,6 +1,7 @@
 """Model inputs from the car's messages that both daemons share: the checked calibration and the camera geometry."""
 from __future__ import annotations
 import logging
+from collections.abc import Iterable
 import numpy as np
 from modelrt.geometry import CameraConfig, camera_config, SENSORS
 
@@ -10,7 +11,7 @@ MAX_CALIB_ANGLE = np.pi / 2   # rad: beyond this a "calibration" is a broken pro
 
 class CalibrationError(ValueError): pass
 
-def check_rpy(rpy) -> np.ndarray:
+def check_rpy(rpy: Iterable[float]) -> np.ndarray:
   a = np.asarray(list(rpy), np.float64)
   if a.shape != (3,) or not np.all(np.isfinite(a)) or np.any(np.abs(a) > MAX_CALIB_ANGLE):
     raise CalibrationError(f"liveCalibration.rpyCalib: expected 3 finite angles within +-{MAX_CALIB_ANGLE:.2f} rad, got {a.tolist()}")
@@ -22,7 +23,7 @@ class Calibration:
   def __init__(self):
     self.rpy, self.valid, self.errors = np.zeros(3), False, 0
 
-  def update(self, rpy) -> None:
+  def update(self, rpy: Iterable[float]) -> None:
     try: new = check_rpy(rpy)
     except CalibrationError as e:
       self.errors += 1

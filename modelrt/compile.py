@@ -10,7 +10,7 @@ sources, contract, options, layouts and tinygrad/target versions: an unchanged b
 from __future__ import annotations
 import argparse, contextlib, hashlib, json, os, pathlib, sys, time
 from dataclasses import dataclass
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 import numpy as np
 from tinygrad import Tensor, TinyJit, Device, dtypes
 from tinygrad.helpers import Context, tqdm   # tinygrad's own bar: the base install has no tqdm
@@ -222,7 +222,7 @@ def count_kernels(jobs: list, device: str) -> int:
   return n
 
 @contextlib.contextmanager
-def beam_progress(family: str, beam: int, kernels: int):
+def beam_progress(family: str, beam: int, kernels: int) -> Iterator[None]:
   """A bar with an ETA over the BEAM searches (minutes, where a build without them takes seconds): tinygrad looks up
   codegen.opt.search.beam_search at every kernel it optimizes, so a counting wrapper sees each one finish (a cached
   search finishes at once)."""

@@ -6,6 +6,7 @@ lies at z = camera height (about 1.22 m). Pixel coordinates are pixel indices: p
 and a camera's principal point is (w/2, h/2) as in openpilot's intrinsics. This module is the one place that
 projects the road into a camera: warps and the scene renderer both go through camera_from_calib.
 """
+from collections.abc import Iterable
 from dataclasses import dataclass
 import numpy as np
 from modelrt.constants import DM_WIDTH, DM_HEIGHT
@@ -47,7 +48,7 @@ SBIGMODEL_INTRINSICS = _intrinsics(455.0, 256.0, 151.8)
 # 1208 rows down (openpilot's principal point (720, 356)), where the driver's face and body are
 DM_INTRINSICS = _intrinsics(567.0, DM_WIDTH / 2, DM_HEIGHT / 2 - (1208 - DM_HEIGHT) / 2)
 
-def rot_from_euler(rpy) -> np.ndarray:
+def rot_from_euler(rpy: Iterable[float]) -> np.ndarray:
   """Rz(yaw) @ Ry(pitch) @ Rx(roll): roll about x, then pitch about y, then yaw about z (extrinsic)."""
   r, p, y = (float(v) for v in rpy)
   cr, sr, cp, sp, cy, sy = np.cos(r), np.sin(r), np.cos(p), np.sin(p), np.cos(y), np.sin(y)
@@ -56,11 +57,11 @@ def rot_from_euler(rpy) -> np.ndarray:
   rz = np.array([[cy, -sy, 0], [sy, cy, 0], [0, 0, 1]])
   return rz @ ry @ rx
 
-def camera_from_calib(rpy, cam: CameraConfig) -> np.ndarray:
+def camera_from_calib(rpy: Iterable[float], cam: CameraConfig) -> np.ndarray:
   """3x3 (float64): a point in the calibrated road frame -> homogeneous camera pixel (divide by the last row)."""
   return cam.intrinsics.astype(np.float64) @ VIEW_FROM_DEVICE @ rot_from_euler(rpy)
 
-def road_warp_matrix(rpy, cam: CameraConfig, wide: bool = False) -> np.ndarray:
+def road_warp_matrix(rpy: Iterable[float], cam: CameraConfig, wide: bool = False) -> np.ndarray:
   """3x3 float32, model pixel of the full-res 512x256 model frame -> camera pixel (homogeneous)."""
   model_from_calib = (SBIGMODEL_INTRINSICS if wide else MEDMODEL_INTRINSICS) @ VIEW_FROM_DEVICE
   return (camera_from_calib(rpy, cam) @ np.linalg.inv(model_from_calib)).astype(np.float32)

@@ -60,7 +60,7 @@ def buffer_of(t: Tensor) -> Buffer | None:
   while u.op is Ops.RESHAPE: u = u.src[0]
   return b if u.op is Ops.BUFFER and (b := buffers.get(u)) is not None and b.is_allocated() else None
 
-def check_input(spec: TensorSpec, t) -> None:
+def check_input(spec: TensorSpec, t: object) -> None:
   """Raise InputSpecError naming the input, what was expected and what came."""
   def bad(what, want, got): raise InputSpecError(f"input {spec.name!r}: expected {what} {want}, got {got}")
   if not isinstance(t, Tensor): bad('a Tensor', '', type(t).__name__)

@@ -7,7 +7,7 @@ after a replay (so the intermediate buffers hold real data); the replay itself i
 from __future__ import annotations
 import re, time
 from dataclasses import dataclass
-from tinygrad import Device, Tensor
+from tinygrad import Device, Tensor, TinyJit
 from tinygrad.engine.jit import _prepare_jit_inputs
 from tinygrad.engine.realize import ExecContext, pm_exec, get_call_name, get_call_arg_uops, estimate_uop
 from tinygrad.uop.ops import Ops, UOp, sym_infer
@@ -36,7 +36,7 @@ def _name(call: UOp) -> str:
   try: return re.sub(r'\x1b\[[0-9;]*m', '', get_call_name(call, get_call_arg_uops(call)))   # without its colours
   except NotImplementedError: return str(call.src[0].op)
 
-def kernel_profile(jit, inputs: dict[str, Tensor], runs: int = 5) -> list[KernelTime]:
+def kernel_profile(jit: TinyJit, inputs: dict[str, Tensor], runs: int = 5) -> list[KernelTime]:
   """Every call of a captured TinyJit (`jit.captured`) timed `runs` times on these inputs (the JIT's input names),
   in call order. The JIT must have replayed once on inputs like these."""
   if jit.captured is None: raise ValueError("kernel_profile: the JIT has not been captured")

@@ -3,11 +3,12 @@
 RoadRunner (modeld): two warp JITs (road -> `img`, wide -> `big_img`; one camera: both on the same buffer), the vision
 JIT, the host-side frame history the policy reads (shaped by the artifact's contract), the policy JIT. DMRunner
 (dmonitoringd): driver warp + DM model.
-Camera buffers are any objects with `addr, idx, stream, width, height, stride, uv_offset, size` (VisionIPC's VisionBuf).
+Camera buffers are CameraBuffers: VisionIPC's VisionBuf, or a HostBuf.
 """
 from __future__ import annotations
 import os
 from dataclasses import dataclass
+from typing import Protocol
 import numpy as np
 from tinygrad import Tensor, dtypes
 from tinygrad.device import Buffer
@@ -36,6 +37,17 @@ def host_tensor(arr: np.ndarray) -> Tensor:
 def zero_tensor(t: Tensor) -> None:
   (b := buffer_of(t)).copy_from(Buffer('PYTHON', b.size, b.dtype, opaque=memoryview(bytearray(b.nbytes))))
 
+class CameraBuffer(Protocol):
+  """What the runners read of a camera buffer: where it is, which ring slot of which stream, and its NV12 layout."""
+  addr: int
+  idx: int
+  stream: int
+  width: int
+  height: int
+  stride: int
+  uv_offset: int
+  size: int
+
 class HostBuf:
   """A camera buffer in host memory offering what the runners read of VisionIPC's VisionBuf: for warm-up, batch replays,
   benchmarks and tests. image: its bytes (default zeros); idx < 0: never cached; offset: the address this many bytes
@@ -52,7 +64,7 @@ class CameraTensors:
   def __init__(self, artifact: Artifact):
     self.artifact, self._cache = artifact, {}
 
-  def get(self, buf, warp: GuardedJit) -> Tensor:
+  def get(self, buf: CameraBuffer, warp: GuardedJit) -> Tensor:
     """The `frame` input of `warp` over this buffer, once the buffer is checked against the layout that warp was
     captured for (its input spec in the artifact) and for a from_blob-safe alignment: CameraLayoutError if not."""
     # the buffer's fields, formatted as a layout (a buffer is not one, and may hold fields no layout accepts)
@@ -120,7 +132,8 @@ class RoadRunner:
       if np.shape(m) != (3, 3): raise ValueError(f"{k} transform: expected shape (3, 3), got {np.shape(m)}")
       self.transforms[k][0][:] = m
 
-  def run(self, main_buf, extra_buf, desire: np.ndarray, traffic_convention: np.ndarray, prepare_only: bool = False) -> ModelOutput | None:
+  def run(self, main_buf: CameraBuffer, extra_buf: CameraBuffer, desire: np.ndarray, traffic_convention: np.ndarray,
+          prepare_only: bool = False) -> ModelOutput | None:
     """One camera frame: main_buf feeds `img`, extra_buf `big_img` (with one camera, the same buffer). prepare_only (a
     frame after a drop) updates the image history only. Bad input raises before any state changes."""
     desire, traffic_convention = np.asarray(desire, np.float32), np.asarray(traffic_convention, np.float32)
@@ -175,7 +188,7 @@ class DMRunner:
     self.transform, self.calib = _host(3, 3), _host(1, 3)
     self.cameras = CameraTensors(art)
 
-  def run(self, buf, calib: np.ndarray, transform: np.ndarray) -> ModelOutput:
+  def run(self, buf: CameraBuffer, calib: np.ndarray, transform: np.ndarray) -> ModelOutput:
     if np.size(calib) != 3: raise ValueError(f"calib: expected 3 values (rpyCalib), got shape {np.shape(calib)}")
     if np.shape(transform) != (3, 3): raise ValueError(f"transform: expected shape (3, 3), got {np.shape(transform)}")
     frame = self.cameras.get(buf, self.warp)

@@ -14,6 +14,7 @@ Orientation is [pitch, yaw, roll] (radians, yaw > 0 towards image right, pitch >
 camera-relative minus the calibration's (pitch, yaw, roll). Sunglasses are never detected (low, constant).
 """
 import hashlib, math
+from collections.abc import Callable
 from pathlib import Path
 import numpy as np
 from tinygrad import Tensor, dtypes
@@ -88,7 +89,7 @@ def constants() -> dict[str, Tensor]:
   u, v = np.meshgrid(np.arange(PW) * POOL + (POOL - 1) / 2, np.arange(PH) * POOL + (POOL - 1) / 2)
   return {'u': Tensor(u.astype(np.float32)).realize(), 'v': Tensor(v.astype(np.float32)).realize()}
 
-def dm_fn(C: dict[str, Tensor]):
+def dm_fn(C: dict[str, Tensor]) -> Callable[..., Tensor]:
   def fn(input_img: Tensor, calib: Tensor) -> Tensor:
     Y = input_img.reshape(PH, POOL, PW, POOL).cast(dtypes.float32).mean((1, 3))
     u, v = C['u'], C['v']

@@ -20,6 +20,7 @@ u = cx + fl*y/x, v = cy + fl*h/x: every image row v is one distance x = fl*h/(v 
 Policy reads the 25-deep feature history and plans along the lane centre at the estimated speed.
 """
 import functools, hashlib, itertools, math
+from collections.abc import Callable
 from pathlib import Path
 import numpy as np
 from tinygrad import Tensor, dtypes
@@ -320,7 +321,7 @@ def constants() -> dict[str, Tensor]:
           'desire_pred': c(desire.ravel()), 'pose_rest': c([0] * (pose_n - 1)), 'pose_rest_logstd': c([math.log(1.0)] * 2 + [math.log(0.1)] * 3),
           'meta_rest': c([-3.0] * (VISION_HEADS['meta'].width - 1)), 'hidden_rest': c(np.zeros(VISION_HEADS['hidden_state'].width - HIDDEN_USED))}
 
-def vision_fn(C: dict[str, Tensor]):
+def vision_fn(C: dict[str, Tensor]) -> Callable[..., Tensor]:
   def fn(img: Tensor, big_img: Tensor) -> Tensor:
     xs, ppm = grid()['xs'], grid()['ppm']
     Yo_full, Yn_full = Tensor.stack(y_plane(img, 0), y_plane(img, 1)).contiguous()
@@ -391,7 +392,7 @@ def vision_model() -> ModelDef: return ModelDef.to_contract('vision', CONTRACT.v
 PLAN_TAU = 2.0   # s: the plan returns to the lane centre with this time constant
 LC_RATE = 0.3    # m/s of lateral drift relative to the lane that reads as a lane change
 
-def policy_fn(C: dict[str, Tensor]):
+def policy_fn(C: dict[str, Tensor]) -> Callable[..., Tensor]:
   def fn(features_buffer: Tensor, desire_pulse: Tensor, traffic_convention: Tensor) -> Tensor:
     f = features_buffer[0]                                               # (25, 512), newest last
     new = f[-1]
