@@ -204,9 +204,7 @@ class Artifact:
   def contract(self) -> Contract: return lookup(self.family, self.manifest['contract'])
   def output_slices(self, model: str) -> dict[str, slice]:
     return {k: slice(*v) for k, v in self.manifest['output_slices'][model].items()}
-  def rebuild_command(self, extra_layout: str | None = None) -> str:
-    cmd = list(self.manifest['command'])
-    return shlex.join(cmd + (['--camera', extra_layout] if extra_layout is not None else []))
+  def rebuild_command(self, extra_layout: str | None = None) -> str: return _rebuild(self.manifest, self.dir, extra_layout)
 
   def load_jit(self, name: str) -> GuardedJit:
     """A fresh, verified instance of one captured JIT (its own buffers: loading twice gives two independent JITs)."""
@@ -243,11 +241,17 @@ def read_manifest(path: str | os.PathLike, family: str) -> Artifact:
     start, stop = m['output_slices']['vision'].get('hidden_state', [0, 0])
     if stop - start != width:
       raise ArtifactError(f"{d}: vision output 'hidden_state': expected {width} values (the policy's features), got {stop - start}. "
-                          f"Rebuild with a vision model in openpilot's output layout: {_rebuild(m)}")
+                          f"Rebuild with a vision model in openpilot's output layout: {_rebuild(m, d)}")
   return Artifact(d, family, m)
 
-def _rebuild(m) -> str: return shlex.join(m['command']) if isinstance(m, dict) and _is_strs(m.get('command')) else 'modeld-compile (see --help)'
-def _complaint(d: pathlib.Path, m) -> Callable[[str], ArtifactError]: return lambda msg: ArtifactError(f"{d}: {msg}. Rebuild with: {_rebuild(m)}")
+def _rebuild(m, d: pathlib.Path, extra_layout: str | None = None) -> str:
+  """The command that built the artifact in d (DIR/<family>), writing to DIR: a copied or moved artifact is rebuilt
+  where it is loaded from, not where it was first built."""
+  if not (isinstance(m, dict) and _is_strs(m.get('command'))): return 'modeld-compile (see --help)'
+  cmd = list(m['command'])
+  if '--out' in cmd[:-1]: cmd[cmd.index('--out') + 1] = str(d.parent)
+  return shlex.join(cmd + (['--camera', extra_layout] if extra_layout is not None else []))
+def _complaint(d: pathlib.Path, m) -> Callable[[str], ArtifactError]: return lambda msg: ArtifactError(f"{d}: {msg}. Rebuild with: {_rebuild(m, d)}")
 
 def load_artifact(path: str | os.PathLike, family: str, device: str | None = None) -> Artifact:
   """Open DIR/<family>: its manifest checked (read_manifest), then that this machine can run it (tinygrad version,

@@ -120,7 +120,7 @@ def _edit_manifest(d, fn):
 def test_loader_refuses_other_builds_with_the_rebuild_command(copy, edit, msg):
   _edit_manifest(copy, edit)
   with pytest.raises(ArtifactError, match='Rebuild with: modeld-compile --vision-onnx') as e: load_artifact(copy, 'road')
-  assert msg in str(e.value)
+  assert msg in str(e.value) and f" --out {copy} " in str(e.value)   # where it was loaded from: a copy of the build
 
 @pytest.mark.parametrize('fn', ['vision.bin', 'policy.pkl', 'warp_' + str(MAIN).replace(':', '_') + '.pkl'])
 def test_loader_refuses_altered_truncated_or_missing_files(copy, fn):
