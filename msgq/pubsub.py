@@ -11,12 +11,17 @@ Guarantees (each has a test in tests/test_msgq.py):
 - one publisher per endpoint, across threads and processes (an flock held for the publisher's life; it dies
   with the process, so a publisher killed by SIGKILL frees its endpoint);
 - no slow-joiner loss: when a local publisher is up, sub_sock() returns once the subscription is live (a remote
-  subscriber cannot see whether its publisher is up, and returns at once). The
-  publisher is an XPUB with manual subscriptions: it applies each subscription itself and then sends that
-  subscriber alone a welcome message, which sub_sock() waits for. (libzmq's own welcome message goes out when
-  the connection is attached, possibly before the subscription arrives; a message sent right after it could
-  be lost.) A small pump thread applies subscriptions while the application is not sending; welcome messages
-  are filtered out of the data;
+  subscriber cannot see whether its publisher is up, and returns at once). The publisher is an XPUB with manual
+  subscriptions: every subscription reaches it and takes effect when it applies it; a small pump thread applies
+  them while the application is not sending. A subscriber that waits subscribes, after its real subscription
+  (everything), to a token topic: LIVE_TOPIC and 32 random hex digits. The publisher never applies a token (no
+  message goes out for it); reading one, it knows that the subscription before it on the same connection is
+  applied, and says so with one datagram to the unix socket the token names (LIVE_ADDR and the digits, in the
+  abstract namespace; only a datagram from our own uid counts), which sub_sock() waits on. So nothing but the
+  messages sent goes out on the wire: a plain ZMQ SUB (openpilot's, a script's) receives openpilot's bytes. (A
+  frame of msgq's own on the data socket, libzmq's welcome message included, would reach such a subscriber as a
+  message no Cap'n Proto reader parses.) A publisher in another network namespace cannot reach the datagram's
+  socket: sub_sock() then returns after its wait, `confirmed` False;
 - a slow or dead subscriber never blocks the publisher: ZMQ drops at the high-water mark. Queues are bounded in
   bytes: a publisher queues for each subscriber at least QUEUE_BYTES (64 MiB, counting MSG_OVERHEAD per message)
   and at most twice that, sized from the largest message it has sent so far (so at least 1,000 messages of 64 KiB,
@@ -36,7 +41,7 @@ Lifetimes: PubSocket, SubSocket and Poller free what they hold (endpoint lock, s
 in close(), at the end of a `with` block, or as soon as the last reference goes: the publisher's pump thread holds
 only a state object shared with it, never the PubSocket, so no cycle keeps one alive (tests/test_lifetimes.py).
 """
-import errno, fcntl, logging, math, os, select, sys, threading, time
+import errno, fcntl, logging, math, os, select, socket, struct, sys, threading, time
 import zmq
 
 DEFAULT_MAX_SIZE = 16 * 1024 * 1024   # largest message on an endpoint the caller gave no size for
@@ -44,7 +49,9 @@ QUEUE_BYTES = 64 * 1024 * 1024        # what one socket's queue for one peer hol
 MSG_OVERHEAD = 128                    # bytes libzmq spends per queued message besides its data (measured: 48-126)
 RECONNECT_IVL_MAX_S = 0.5             # a subscriber re-tries a missing publisher at least this often
 ZERO_COPY_MIN = 64 * 1024             # bytes objects this large are sent without a copy (pyzmq: slower below)
-WELCOME = b"\xffmsgq-welcome\xff"     # never a valid Cap'n Proto message (segment count 2^32)
+LIVE_TOPIC = b"\xffmsgq-live:"        # + a token: a subscription that asks to hear when the one before it is live
+LIVE_ADDR = b"\0msgq-live-"           # + the token: where the subscriber waits to hear it (abstract: no file to clean up)
+_UCRED = struct.Struct("3i")          # struct ucred: pid, uid, gid
 
 logger = logging.getLogger("msgq")
 
@@ -111,13 +118,23 @@ class _PubState:
     # caller holds the mutex; reading EVENTS makes ZMQ attach new subscribers and queue their (un)subscriptions
     while self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
       sub = self.sock.recv(zmq.NOBLOCK)
-      if sub[:1] == b"\x01":
-        self.sock.setsockopt(zmq.SUBSCRIBE, sub[1:])
-        self.sock.send(WELCOME)   # to this subscriber only (to all if it is already gone: they skip it)
+      kind, topic = sub[:1], sub[1:]
+      if topic.startswith(LIVE_TOPIC):   # never applied, not a reader; its subscriber drops it once it has heard
+        if kind == b"\x01": _tell_live(topic[len(LIVE_TOPIC):])
+      elif kind == b"\x01":
+        self.sock.setsockopt(zmq.SUBSCRIBE, topic)
         self.readers += 1
-      elif sub[:1] == b"\x00":   # a subscriber left (our subscribers never unsubscribe while connected)
-        self.sock.setsockopt(zmq.UNSUBSCRIBE, sub[1:])
+      elif kind == b"\x00":   # a subscriber left (our subscribers never unsubscribe while connected)
+        self.sock.setsockopt(zmq.UNSUBSCRIBE, topic)
         self.readers = max(0, self.readers - 1)
+
+def _tell_live(token: bytes) -> None:
+  """One datagram to the subscriber waiting on `token`: every subscription it made before the token is applied.
+  Never blocks the publisher: a subscriber that stopped waiting (timed out, gone) simply misses it."""
+  with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+    s.setblocking(False)
+    try: s.sendto(b"\x01", LIVE_ADDR + token)
+    except OSError: pass   # nobody waits there any more (or a foreign token names no socket we could reach)
 
 def _pump(st: _PubState, fd: int, wake: int) -> None:
   """Applies subscriptions while the application is not sending. The 0.1 s timeout: a send() on the application's
@@ -155,9 +172,9 @@ class PubSocket:
     s.setsockopt(zmq.LINGER, 0)
     s.setsockopt(zmq.SNDHWM, queue_len(0))   # lowered as larger messages are sent (libzmq applies it to existing peers)
     s.setsockopt(zmq.XPUB_NODROP, 0)
-    # manual subscriptions: every subscribe reaches us (a reader count) and takes effect when we apply it; the next
-    # message we send then goes to that subscriber alone: its welcome, which therefore follows a live subscription
-    s.setsockopt(zmq.XPUB_MANUAL_LAST_VALUE, 1)
+    # manual subscriptions: every subscribe reaches us (a reader count, token topics) and takes effect when we apply
+    # it. Not XPUB_MANUAL_LAST_VALUE: that sends the next message after a subscription to its subscriber alone
+    s.setsockopt(zmq.XPUB_MANUAL, 1)
     try:
       s.bind("ipc://" + path)   # libzmq removes a socket file left by a dead publisher first
       if (tcp := os.environ.get("MSGQ_TCP", "")) not in ("", "0"):
@@ -217,18 +234,19 @@ class PubSocket:
   def __del__(self): self.close()
 
 class SubSocket:
-  def __init__(self): self.sock, self.timeout, self._pending, self._rcvtimeo = None, None, None, -1
+  def __init__(self): self.sock, self.timeout, self._pending, self._rcvtimeo, self.confirmed = None, None, None, -1, False
 
   def connect(self, context: Context, endpoint: str, address: str | None = "127.0.0.1", conflate: bool = False,
               max_size: int = DEFAULT_MAX_SIZE, wait: float = 2.0) -> None:
-    """Subscribe. If a local publisher is up, return only once the subscription is live (at most `wait` s)."""
+    """Subscribe. If a local publisher is up, return only once the subscription is live (at most `wait` s);
+    `confirmed` says whether the publisher confirmed that in time."""
     self.endpoint, self.conflate, self.max_size, self.refused = endpoint, conflate, max_size, 0
     # Larger messages than max_size are refused here, after arrival: ZMQ's own limit (MAXMSGSIZE) would end the
     # connection for good. It is kept at 4x, only to bound the memory a foreign publisher can make us queue.
     s = context.context.socket(zmq.SUB)
     s.setsockopt(zmq.LINGER, 0)
     s.setsockopt(zmq.RCVHWM, queue_len(max_size))
-    s.setsockopt(zmq.MAXMSGSIZE, max(4 * max_size, len(WELCOME)))
+    s.setsockopt(zmq.MAXMSGSIZE, 4 * max_size)
     s.setsockopt(zmq.RECONNECT_IVL, 20)
     s.setsockopt(zmq.RECONNECT_IVL_MAX, int(RECONNECT_IVL_MAX_S * 1000))
     # conflate: receive() drains the queue for its newest message. Not libzmq's ZMQ_CONFLATE, whose one-message pipe
@@ -239,11 +257,10 @@ class SubSocket:
     path = _ipc_path(endpoint)
     s.connect(("ipc://" + path) if local else f"tcp://{address}:{tcp_port(endpoint)}")
     self.sock = s
-    if local and _publisher_alive(path) and wait > 0 and s.poll(int(wait * 1000)):
-      self._pending = self._recv()   # the welcome (skipped), or a first message: keep that
+    if local and wait > 0 and _publisher_alive(path): self.confirmed = _wait_live(s, wait)
 
   def _recv(self, timeout: int = 0) -> bytes | None:
-    """The next message, skipping welcomes and refused ones; waits up to timeout ms (0: not at all, -1: forever).
+    """The next message, skipping refused ones; waits up to timeout ms (0: not at all, -1: forever).
     A blocking recv with a timeout, not poll + recv: one wake-up per message."""
     deadline = None if timeout < 0 else time.monotonic() + timeout / 1000
     while True:
@@ -253,7 +270,7 @@ class SubSocket:
       if len(msg) > self.max_size:
         self.refused += 1
         logger.warning("%s: refused a message of %d bytes (max_size %d; %d refused so far)", self.endpoint, len(msg), self.max_size, self.refused)
-      elif msg != WELCOME: return msg
+      else: return msg
       if deadline is not None: timeout = max(0, int((deadline - time.monotonic()) * 1000))
 
   def setTimeout(self, timeout: int | None) -> None:
@@ -262,7 +279,7 @@ class SubSocket:
   def receive(self, non_blocking: bool = False) -> bytes | None:
     """The next message (with conflate, the newest queued); None if non_blocking and nothing is queued, or after the
     timeout (ms)."""
-    msg, self._pending = self._pending, None   # read ahead by connect() or a Poller
+    msg, self._pending = self._pending, None   # read ahead by a Poller
     if msg is None: msg = self._recv(0 if non_blocking else -1 if self.timeout is None or self.timeout < 0 else self.timeout)
     while self.conflate and msg is not None and (newer := self._recv()) is not None: msg = newer
     return msg
@@ -273,6 +290,27 @@ class SubSocket:
   def __enter__(self): return self
   def __exit__(self, *exc) -> None: self.close()
   def __del__(self): self.close()
+
+def _wait_live(sock: zmq.Socket, wait: float) -> bool:
+  """Subscribe `sock` (connected, subscribed to everything) to a fresh token and wait up to `wait` s for its publisher to
+  say that the subscription is live. True if it did. Abstract socket names are open to every user (and listed in
+  /proc/net/unix): only a datagram the kernel says our own uid sent counts, as only we can reach our ipc sockets."""
+  token, deadline = os.urandom(16).hex().encode(), time.monotonic() + wait
+  with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as told:
+    told.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)   # every datagram arrives with its sender's credentials
+    told.bind(LIVE_ADDR + token)   # before the token goes out: the answer cannot come too early
+    sock.setsockopt(zmq.SUBSCRIBE, LIVE_TOPIC + token)
+    try:
+      while select.select([told], [], [], max(0., deadline - time.monotonic()))[0]:
+        if _sender_uid(told) == os.getuid(): return True
+      return False
+    finally: sock.setsockopt(zmq.UNSUBSCRIBE, LIVE_TOPIC + token)   # done: a restarted publisher need not hear it again
+
+def _sender_uid(s: socket.socket) -> int | None:
+  """The uid that sent the next datagram on `s` (SO_PASSCRED set), which it consumes."""
+  _, ancillary, _, _ = s.recvmsg(1, socket.CMSG_SPACE(_UCRED.size))
+  return next((_UCRED.unpack(data)[1] for level, kind, data in ancillary
+               if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS), None)
 
 def _publisher_alive(path: str) -> bool:
   try: fd = os.open(path + ".lock", os.O_RDONLY | os.O_CLOEXEC)
@@ -301,7 +339,7 @@ class Poller:
 
   def poll(self, timeout: int) -> list[SubSocket]:
     """The sockets with a message ready, waiting up to timeout ms (-1 forever) for the first one. A ready
-    socket's message is read ahead (so a welcome never counts as ready); receive() returns it."""
+    socket's message is read ahead (so a refused one never counts as ready); receive() returns it."""
     deadline = None if timeout < 0 else time.monotonic() + timeout / 1000
     while True:
       ready = [s for s in self.sockets.values() if s._pending is not None]

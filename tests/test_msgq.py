@@ -1,10 +1,11 @@
 """msgq pub/sub: every guarantee of msgq/pubsub.py, with real ZMQ sockets and real processes (spawned, not forked)."""
-import gc, hashlib, math, multiprocessing, os, signal, socket, stat, time
+import fcntl, gc, hashlib, math, multiprocessing, os, signal, socket, stat, threading, time
 from contextlib import contextmanager
 import pytest
+import zmq
 
 import msgq
-from msgq.pubsub import MSG_OVERHEAD, QUEUE_BYTES, _fnv1a64, is_local, queue_len
+from msgq.pubsub import LIVE_ADDR, LIVE_TOPIC, MSG_OVERHEAD, QUEUE_BYTES, _fnv1a64, is_local, queue_len
 
 CTX = multiprocessing.get_context("spawn")
 MiB = 1024 * 1024
@@ -151,12 +152,45 @@ def test_one_publisher_per_endpoint_across_processes():
 
 def test_subscription_is_live_when_sub_sock_returns():
   with child(_publisher, "ep") as (_, conn, _):
+    standing = msgq.sub_sock("ep", timeout=1000)   # there all along: the message after a new subscription is for it too
     for i in range(20):   # each time a fresh subscriber; the publisher sends one message the moment it returns
       sub = msgq.sub_sock("ep", timeout=1000)
+      assert sub.confirmed, f"the publisher did not confirm subscription {i} within sub_sock's wait"
       msg = f"m{i}".encode()
       assert ask(conn, ("send", [msg])) == "sent"
       assert sub.receive() == msg, f"message sent right after sub_sock() returned was lost (try {i})"
+      assert standing.receive() == msg, f"the subscriber already there missed message {i}"
       sub.close()
+    assert standing.receive(non_blocking=True) is None
+    standing.close()
+
+def _confirm_as(uid: int, token: bytes) -> None:
+  os.setuid(uid)
+  with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s: s.sendto(b"\x01", LIVE_ADDR + token)
+
+def test_only_our_own_uid_can_confirm_a_subscription():
+  """The confirmation's socket is in the abstract namespace, which every user can reach: a datagram from another
+  uid must not end the wait (the subscription would look live when nothing says it is)."""
+  if os.getuid() != 0: pytest.skip("needs root, to send from another uid")
+  path = os.path.join(msgq.runtime_dir(), "ep")
+  lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+  fcntl.flock(lock, fcntl.LOCK_EX)   # a publisher is up, as far as the subscriber can tell: it waits
+  xpub = zmq.Context.instance().socket(zmq.XPUB)   # that publisher: it reads the token and never confirms
+  xpub.setsockopt(zmq.LINGER, 0)
+  xpub.setsockopt(zmq.RCVTIMEO, 5000)
+  xpub.bind("ipc://" + path)
+  sub, wait_s = msgq.SubSocket(), 3.0
+  waiting = threading.Thread(target=sub.connect, args=(msgq.Context(), "ep"), kwargs={"wait": wait_s})
+  waiting.start()
+  while not (topic := xpub.recv()[1:]).startswith(LIVE_TOPIC): pass
+  other = CTX.Process(target=_confirm_as, args=(65534, topic[len(LIVE_TOPIC):]))
+  other.start(); other.join(10)
+  assert other.exitcode == 0, f"the other uid's sender exited with {other.exitcode}"
+  sent_while_waiting = waiting.is_alive()
+  waiting.join(wait_s + 5)
+  assert sub.confirmed is False, "a datagram from another uid confirmed the subscription"
+  assert sent_while_waiting, f"the subscriber stopped waiting ({wait_s} s) before the datagram was sent: nothing was tested"
+  sub.close(); xpub.close(); os.close(lock)
 
 def test_subscriber_connects_to_a_later_publisher():
   sub = msgq.sub_sock("ep", timeout=3000)   # no publisher yet: returns at once
@@ -367,6 +401,31 @@ def test_subscriber_survives_publisher_restart_in_same_process():
       pub.send(gen)
     pub.close()
   sub.close()
+
+# ---- openpilot's bytes on the wire ----
+
+@pytest.mark.parametrize("tcp", [False, True], ids=["ipc", "tcp"])
+def test_a_plain_zmq_subscriber_receives_only_the_events_sent(monkeypatch, tcp):
+  """What an openpilot process or a script with a plain ZMQ SUB sees, over ipc or (MSGQ_TCP=1) TCP: the Events the
+  publisher sent, each parsable by cereal, and nothing else (no frame of msgq's own)."""
+  from cereal import messaging
+  if tcp: monkeypatch.setenv("MSGQ_TCP", "1")   # before the child starts: it inherits the environment
+  events = []
+  for i in range(5):
+    (m := messaging.new_message("carState")).carState.vEgo = i
+    events.append(m.to_bytes())
+  raw = zmq.Context.instance().socket(zmq.SUB)
+  raw.setsockopt(zmq.LINGER, 0)
+  raw.setsockopt(zmq.RCVTIMEO, 5000)
+  raw.setsockopt(zmq.SUBSCRIBE, b"")
+  with child(_publisher, "carState") as (_, conn, _):
+    raw.connect(f"tcp://127.0.0.1:{msgq.tcp_port('carState')}" if tcp else "ipc://" + os.path.join(msgq.runtime_dir(), "carState"))
+    assert ask(conn, ("readers", 5.0)) is True   # the plain SUB's subscription is applied
+    assert ask(conn, ("send", events)) == "sent"
+    got = [raw.recv() for _ in events]
+  raw.close()
+  assert got == events, f"expected the {len(events)} events sent, got frames starting {[m[:16] for m in got]}"
+  assert [messaging.log_from_bytes(m).carState.vEgo for m in got] == list(range(5))
 
 # ---- TCP ----
 
