@@ -156,7 +156,9 @@ def test_subscription_is_live_when_sub_sock_returns():
     for i in range(20):   # each time a fresh subscriber; the publisher sends one message the moment it returns
       sub = msgq.sub_sock("ep", timeout=1000)
       assert sub.confirmed, f"the publisher did not confirm subscription {i} within sub_sock's wait"
-      msg = f"m{i}".encode()
+      # one size: a larger message re-sizes the publisher's queues on live pipes, which libzmq 4.3.5 can crash on
+      # while a subscriber leaves (as these do); that is not what this test is about
+      msg = f"m{i:02d}".encode()
       assert ask(conn, ("send", [msg])) == "sent"
       assert sub.receive() == msg, f"message sent right after sub_sock() returned was lost (try {i})"
       assert standing.receive() == msg, f"the subscriber already there missed message {i}"
