@@ -24,8 +24,8 @@ Guarantees (each has a test in tests/test_msgq.py):
   socket: sub_sock() then returns after its wait, `confirmed` False;
 - a slow or dead subscriber never blocks the publisher: ZMQ drops at the high-water mark. Queues are bounded in
   bytes: a publisher queues for each subscriber at least QUEUE_BYTES (64 MiB, counting MSG_OVERHEAD per message)
-  and at most twice that, sized from the largest message it has sent so far (so at least 1,000 messages of 64 KiB,
-  or 60,000 of 1 KiB, whatever the endpoint's max_size); a subscriber queues as much again, sized from its max_size.
+  and at most twice that, sized from the largest message it has sent so far (so at least 1,023 messages of 64 KiB,
+  or 58,255 of 1 KiB, whatever the endpoint's max_size); a subscriber queues as much again, sized from its max_size.
   A reader that keeps reading loses nothing of a burst that fits; the publisher's memory stays bounded whatever
   its readers do;
 - a message larger than a subscriber's max_size is refused by it (counted in `refused`, logged); publishers

@@ -319,6 +319,23 @@ def test_a_burst_of_10000_messages_from_another_process_all_arrive_in_order():
     assert got == [i.to_bytes(4, "little") * (size // 4) for i in range(n)]
   sub.close()
 
+def test_a_reader_that_reads_nothing_of_a_burst_gets_at_least_58255_messages_of_1_KiB():
+  """What docs/RELIABILITY.md promises: the publisher's queue for a subscriber holds at least QUEUE_BYTES, counting
+  MSG_OVERHEAD per message, i.e. 58,255 messages of 1 KiB (its high-water mark is twice that: libzmq may count it
+  full at half). Twice the mark is sent while the subscriber reads nothing; then it reads what the queues kept."""
+  size = 1024
+  assert (floor := math.ceil(QUEUE_BYTES / (size + MSG_OVERHEAD))) == 58_255 and queue_len(size) == 2 * floor
+  pub, sub = msgq.pub_sock("ep"), msgq.sub_sock("ep", timeout=2000)
+  msg = bytearray(size)
+  for i in range(2 * queue_len(size)):
+    msg[:4] = i.to_bytes(4, "little")
+    pub.send(msg)
+  got = []
+  while (m := sub.receive()) is not None: got.append(int.from_bytes(m[:4], "little"))
+  assert len(got) >= floor, f"expected at least {floor} messages of {size} bytes kept, got {len(got)}"
+  assert got == list(range(len(got))), "the queue did not keep the oldest messages in order"
+  pub.close(); sub.close()
+
 def test_a_reader_stopped_for_10s_neither_blocks_the_publisher_nor_grows_its_memory():
   """A reader SIGSTOPped for 10 s while the publisher sends 64 KiB messages all along, next to a healthy reader. The
   publisher keeps sending far more than the stopped reader's queue holds, its memory grows by at most the two queues,
