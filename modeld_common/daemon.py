@@ -176,6 +176,13 @@ class ModelDaemon:
     self.stats.tick()
     self.update_messages()
 
+  def pause(self, seconds: float) -> None:
+    """Wait `seconds` as the frame loop waits: ticking at least every RECV_TIMEOUT_MS, returning once stopped."""
+    deadline = time.monotonic() + seconds
+    while not self.stop and (left := deadline - time.monotonic()) > 0:
+      self.tick()
+      time.sleep(min(left, RECV_TIMEOUT_MS / 1000))
+
   def update_messages(self) -> None:
     """The newest of each subscribed message; those dropped as malformed are counted in the stats."""
     self.sm.update(0)
@@ -222,7 +229,7 @@ class ModelDaemon:
         self.stats.set_state(f"waiting for camera server {server!r}")
         if (streams := wait_for_streams(server, self.stop, self.tick)) is None: break
         if (clients := self.clients(streams)) is None:
-          time.sleep(1)
+          self.pause(1.)   # the server may serve the missing stream later: look again
           continue
         try:
           if not connect(clients, self.stop, self.tick): continue

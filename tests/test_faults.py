@@ -40,6 +40,23 @@ def test_a_damaged_artifact_exits_78_before_waiting_for_a_camera(daemon, damage,
   # waiting for a camera is the first state a daemon reports: it never got there
   assert states == ['STATUS=stopped | totals nothing counted'] and 'Traceback' not in err
 
+@pytest.mark.parametrize('daemon', DAEMONS)
+def test_a_camera_without_the_daemons_streams_keeps_it_waiting_alive_and_stoppable(daemon, tiny_artifacts):
+  """The camera server serves only the other daemon's streams. The daemon waits for its own, and meanwhile kicks the
+  watchdog (systemd's WatchdogSec would kill it otherwise) and stops at once on SIGTERM."""
+  other = next(streams for name, (_, _, streams) in DAEMONS.items() if name != daemon)
+  cam = Camera(other)
+  notify = Notify()
+  d = Daemon(daemon, tiny_artifacts, notify=notify, env={'WATCHDOG_USEC': '200000'})   # a kick every 0.1 s
+  try:
+    notify.wait(r"STATUS=waiting for camera server 'camerad'", 90)   # the artifact is loaded
+    for _ in range(10): notify.wait('WATCHDOG=1', 1)   # 10 kicks, none more than 1 s after the one before
+  finally:
+    rc, dt = d.stop()
+    cam.close(); notify.close()
+  assert rc == 0 and dt < 1, f"expected exit 0 within 1 s of SIGTERM, got {rc} after {dt:.2f} s"
+  assert 'READY=1' not in notify.messages, "a daemon without its camera must not report ready"
+
 @pytest.mark.parametrize('daemon,output,width', [('modeld', 'lead', 216), ('dmonitoringd', 'face_descs_lhd', 10)])
 def test_outputs_that_cannot_be_parsed_skip_frames_then_exit_78(daemon, output, width):
   """An artifact whose `output` slice has the wrong width (its manifest edited: modeld-compile refuses such a model
