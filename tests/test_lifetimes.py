@@ -35,18 +35,18 @@ def no_gc():
   yield
   gc.enable()
 
-def _pub(i: int):
+def _pub():
   return msgq.pub_sock("ep")   # the same endpoint every time: a publisher still alive would make this raise
 
-def _sub(i: int):
+def _sub():
   return msgq.sub_sock("ep")
 
-def _poller(i: int):
+def _poller():
   p = msgq.Poller()
   msgq.sub_sock("ep", poller=p)   # the poller holds it: both go together
   return p
 
-def _server(i: int):
+def _server():
   s = VisionIpcServer("camerad")   # the same name every time: "already running" if the last one were alive
   s.create_buffers(ROAD, 2, 64, 48)
   s.start_listener()
@@ -56,8 +56,8 @@ def _server(i: int):
 def test_dropped_objects_free_everything(make, no_gc):
   keep = msgq.pub_sock("other")   # ZMQ's context and threads exist before the count starts
   start = usage()
-  for i in range(CYCLES):
-    obj = make(i)
+  for _ in range(CYCLES):
+    obj = make()
     del obj
   assert not leaked(start), f"(fds, threads) after {CYCLES} objects created and dropped: {usage()}, at start {start}"
   assert maps("visionipc_") == 0
