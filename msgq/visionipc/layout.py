@@ -2,7 +2,9 @@
 from dataclasses import dataclass
 import numpy as np
 
-def _align(x: int, a: int) -> int: return (x + a - 1) // a * a
+def align(x: int, a: int) -> int:
+  """x rounded up to a multiple of a."""
+  return (x + a - 1) // a * a
 
 @dataclass(frozen=True)
 class NV12Layout:
@@ -29,9 +31,9 @@ class NV12Layout:
   @classmethod
   def aligned(cls, width: int, height: int, stride_align: int = 128, y_rows_align: int = 32, uv_rows_align: int = 16) -> "NV12Layout":
     """Padded like openpilot's camera buffers: stride aligned to 128, Y rows to 32, UV rows to 16."""
-    stride = _align(width, stride_align)
-    uv_offset = stride * _align(height, y_rows_align)
-    return cls(width, height, stride, uv_offset, uv_offset + stride * _align(height // 2, uv_rows_align))
+    stride = align(width, stride_align)
+    uv_offset = stride * align(height, y_rows_align)
+    return cls(width, height, stride, uv_offset, uv_offset + stride * align(height // 2, uv_rows_align))
 
   @classmethod
   def parse(cls, spec: str) -> "NV12Layout":

@@ -3,8 +3,8 @@ import atexit, errno, fcntl, json, logging, os, selectors, socket, struct, sys, 
 import numpy as np
 from msgq.pubsub import IpcError, pub_sock
 from msgq.visionipc.buffers import Ring, VisionBuf
-from msgq.visionipc.layout import NV12Layout
-from msgq.visionipc.wire import (FRAME, MAGIC, MAX_PACKET, OP_BUFFERS, OP_STREAMS, REQUEST, TRAILER_SPAN, VERSION, align, check_name,
+from msgq.visionipc.layout import NV12Layout, align
+from msgq.visionipc.wire import (ALIGN, FRAME, MAGIC, MAX_PACKET, OP_BUFFERS, OP_STREAMS, REQUEST, TRAILER_SPAN, VERSION, check_name,
                                  check_stream, endpoint, socket_path)
 
 MAX_BUFFERS = 1024
@@ -46,12 +46,12 @@ class VisionIpcServer:
     stream, layout = check_stream(stream), NV12Layout(width, height, stride, uv_offset, size)
     if stream in self._streams: raise IpcError(f"VisionIPC server {self.name!r}: stream {stream} already has buffers")
     if not 1 <= count <= MAX_BUFFERS: raise IpcError(f"VisionIPC buffer count must be in 1..{MAX_BUFFERS}, got {count}")
-    slot = align(size) + TRAILER_SPAN
+    slot = align(size, ALIGN) + TRAILER_SPAN
     fd = os.memfd_create(f"visionipc_{self.name}_{stream}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
       os.ftruncate(fd, slot * count)
       fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)   # no client can SIGBUS us
-      ring = Ring(fd, layout, [i * slot for i in range(count)], align(size), writable=True)
+      ring = Ring(fd, layout, [i * slot for i in range(count)], align(size, ALIGN), writable=True)
       self._streams[stream] = _Stream(fd, ring, pub_sock(endpoint(self.name, stream), max_size=MAX_PACKET))
     except BaseException:
       os.close(fd)

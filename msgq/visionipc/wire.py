@@ -19,8 +19,6 @@ TRAILER = struct.Struct("<QQ")             # seq, frame_id
 MAX_PACKET = 256                           # max_size of the frame topics: room for later fields, a bound on junk
 MAX_REPLY = 1 << 16
 
-def align(x: int, a: int = ALIGN) -> int: return (x + a - 1) // a * a
-
 def check_name(name: str) -> str:
   if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
     raise IpcError(f"VisionIPC server name must be a plain name of [A-Za-z0-9_.-], got {name!r}")
