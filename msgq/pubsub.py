@@ -27,7 +27,10 @@ Guarantees (each has a test in tests/test_msgq.py):
   and at most twice that, sized from the largest message it has sent so far (so at least 1,023 messages of 64 KiB,
   or 58,255 of 1 KiB, whatever the endpoint's max_size); a subscriber queues as much again, sized from its max_size.
   A reader that keeps reading loses nothing of a burst that fits; the publisher's memory stays bounded whatever
-  its readers do;
+  its readers do. Not yet for a subscriber that connects after the largest message last grew: libzmq gives its
+  connection the mark the socket had at bind(), queue_len(0), until the next larger message; and lowering the
+  mark of live connections (setsockopt SNDHWM) can crash libzmq 4.3.5 while a subscriber is leaving (see
+  docs/RELIABILITY.md);
 - a message larger than a subscriber's max_size is refused by it (counted in `refused`, logged); publishers
   refuse to send more than their own max_size. Only a message over 4x the subscriber's max_size (from a
   publisher with another services table) ends the connection, as a ZMQ protocol error, until the subscriber
