@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 from collections.abc import Callable
 import numpy as np
+from msgq import MultiplePublishersError
 from modeld_service import Stats, StopFlag, Watchdog, exit_now, notify, set_process_title, setup_logging
 from modeld_common.camera import StreamWatch, connect, wait_for_streams
 from modelrt.calibration import DEFAULT_SENSOR, Calibration
@@ -266,4 +267,7 @@ def main(cls: type[ModelDaemon], argv: list[str] | None, doc: str | None) -> NoR
   except (ArtifactError, OutputError) as e:
     logging.getLogger(cls.name).error("%s: %s", type(e).__name__, e)
     rc = EX_CONFIG
+  except MultiplePublishersError as e:   # not a configuration error: once the other one stops, a restart works
+    logging.getLogger(cls.name).error("%s (another %s on OPENPILOT_PREFIX %r?)", e, cls.name, os.environ.get('OPENPILOT_PREFIX', ''))
+    rc = 1
   exit_now(rc)   # sockets closed and mappings released by now

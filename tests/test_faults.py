@@ -41,6 +41,23 @@ def test_a_damaged_artifact_exits_78_before_waiting_for_a_camera(daemon, damage,
   assert states == ['STATUS=stopped | totals nothing counted'] and 'Traceback' not in err
 
 @pytest.mark.parametrize('daemon', DAEMONS)
+def test_a_second_daemon_on_the_same_prefix_says_so_and_exits_1(daemon, tiny_artifacts):
+  """Its outputs already have a publisher: one line naming the endpoint, exit 1 (a restart works once the first one
+  stops), never a traceback; the first one keeps running."""
+  first, second = Daemon(daemon, tiny_artifacts, notify=(notify := Notify())), None
+  try:
+    notify.wait('STATUS=waiting for camera server', 60)   # its publishers are up
+    second = Daemon(daemon, tiny_artifacts)
+    rc = second.proc.wait(60)
+    assert first.proc.poll() is None
+  finally:
+    for d in (second, first):
+      if d is not None: d.stop()
+    notify.close()
+  err = second.stderr()
+  assert rc == 1 and 'already has a publisher' in err and 'Traceback' not in err, err
+
+@pytest.mark.parametrize('daemon', DAEMONS)
 def test_a_camera_without_the_daemons_streams_keeps_it_waiting_alive_and_stoppable(daemon, tiny_artifacts):
   """The camera server serves only the other daemon's streams. The daemon waits for its own, and meanwhile kicks the
   watchdog (systemd's WatchdogSec would kill it otherwise) and stops at once on SIGTERM."""
