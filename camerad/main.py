@@ -15,17 +15,18 @@ from cereal.services import (ANSWERS, CAMERA_OF_STREAM as CAMERA_OF, CAMERA_STAT
 from msgq import IpcError
 from msgq.pubsub import RECONNECT_IVL_MAX_S
 from msgq.visionipc import DRIVER, NV12Layout, VisionIpcServer
+from msgq.visionipc.server import MAX_BUFFERS
 from oproute.video import VideoError
-from camerad.sources import REPUBLISHABLE, STREAMS, Source, SourceError, Tick, open_source
+from camerad.scene import shipped_scenes
+from camerad.sources import REPUBLISHABLE, STREAMS, OptionError, Source, SourceError, Tick, open_source
 
 log = logging.getLogger("camerad")
 SENSORS = set(capnp_log.FrameData.ImageSensor.schema.enumerants)
 BEHIND_RESET_S = 0.5   # real-time pacing that falls this far behind starts counting from now again
 
-EPILOG = """sources (--source, repeatable for video files):
-  synthetic:SCENE        a scene file or a shipped scene name (straight, curve, lead_braking, lane_change,
-                         driver_distracted, driver_blinking): every camera of the scene, plus liveCalibration and
-                         carState from the scene
+EPILOG = f"""sources (--source, repeatable for video files):
+  synthetic:SCENE        a scene file or a shipped scene name ({', '.join(shipped_scenes())}):
+                         every camera of the scene, plus liveCalibration and carState from the scene
   [CAM=]FILE             a video file (H.264/HEVC in mp4/mkv/ts, raw .h264/.hevc, anything FFmpeg decodes) for camera
                          CAM: road (the default), wide or driver; one file per camera, e.g.
                          --source road=front.mp4 --source wide=wide.mkv --source driver=cabin.ts
@@ -34,6 +35,10 @@ EPILOG = """sources (--source, repeatable for video files):
                          it), segment folders or rlog/qlog files (.zst, .bz2 or plain), as openpilot and
                          modeld-record write them: replays the messages and the cameras' frames from their HEVC
                          video (fcamera, ecamera, dcamera), matched to the camera states by the EncodeIdx events
+
+exit codes: 0 done (or stopped by SIGTERM/SIGINT); 1 a source that cannot be served or a lockstep timeout; 2 a bad
+option (out of range, an unknown camera, scene or service, options that do not apply to the source, a --layout size
+no stream has).
 
 pacing: real time at the source's rate by default; --fps F for a fixed rate; --lockstep sends a frame only once the
 daemons published their outputs for the previous one (deterministic, nothing lost however slow the machine).
@@ -69,13 +74,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
   ap.add_argument("--layout", action="append", default=[], metavar="SPEC",
                   help="buffer layout: packed (default) or aligned (stride to 128, rows padded like real camera buffers); "
                        "WxH:stride:uv_offset:size (or WxH:aligned) for the streams of that size; repeatable")
-  ap.add_argument("--buffers", type=int, default=8, metavar="N", help="buffers per stream (default: 8)")
-  ap.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default: INFO)")
+  ap.add_argument("--buffers", type=int, default=8, metavar="N", help=f"buffers per stream, 1 to {MAX_BUFFERS} (default: 8)")
+  ap.add_argument("--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                  help="DEBUG, INFO, WARNING or ERROR (default: INFO)")
   args = ap.parse_args(argv)
   if args.fps is not None and not 0 < args.fps <= 1000: ap.error(f"--fps: expected 0 < F <= 1000, got {args.fps}")
   if args.start < 0: ap.error(f"--start: expected >= 0, got {args.start}")
   if args.frames is not None and args.frames < 1: ap.error(f"--frames: expected >= 1, got {args.frames}")
   if args.lockstep_timeout <= 0: ap.error(f"--lockstep-timeout: expected > 0, got {args.lockstep_timeout}")
+  if not 1 <= args.buffers <= MAX_BUFFERS: ap.error(f"--buffers: expected 1 <= N <= {MAX_BUFFERS}, got {args.buffers}")
+  if args.lockstep_services and not args.lockstep: ap.error("--lockstep-services: applies to --lockstep only")
   def split(v: str | None) -> list[str] | None: return v.split(",") if v else None
   args.cameras, args.services, args.lockstep_services = split(args.cameras), split(args.services), split(args.lockstep_services)
   if args.cameras and (bad := set(args.cameras) - set(STREAMS)): ap.error(f"--cameras: expected road, wide, driver; got {sorted(bad)}")
@@ -99,10 +107,10 @@ def parse_layouts(specs: list[str]) -> tuple[str, dict[tuple[int, int], NV12Layo
 
 def stream_layouts(layouts: tuple[str, dict], streams: dict[int, tuple[int, int]]) -> dict[int, NV12Layout]:
   """Each stream's layout: the explicit one of its size, else packed or aligned. An explicit layout no stream has the
-  size of is an error (a typo would otherwise go unnoticed)."""
+  size of is an OptionError (a typo would otherwise go unnoticed)."""
   kind, explicit = layouts
   if unused := [str(l) for (w, h), l in explicit.items() if (w, h) not in streams.values()]:
-    raise SourceError(f"--layout {', '.join(unused)}: no stream of that size (streams: "
+    raise OptionError(f"--layout {', '.join(unused)}: no stream of that size (streams: "
                       f"{', '.join(f'{CAMERA_OF[s]} {w}x{h}' for s, (w, h) in streams.items())})")
   return {s: explicit.get((w, h)) or (NV12Layout.aligned(w, h) if kind == "aligned" else NV12Layout.packed(w, h))
           for s, (w, h) in streams.items()}
@@ -199,7 +207,7 @@ class Lockstep:
   def __init__(self, services: list[str] | None, streams, timeout: float, stop: StopFlag, idle=lambda: None):
     self.explicit, self.timeout, self.stop, self.idle, self.socks = services, timeout, stop, idle, {}
     self.main = (road_streams(streams) or (None,))[0]   # modeld's main camera: its frames are the ones modelV2 answers
-    if not self.answers(streams): raise SourceError("--lockstep: the source serves no camera stream, nothing to wait for")
+    if not self.answers(streams): raise OptionError("--lockstep: the source serves no camera stream, nothing to wait for")
 
   def answers(self, streams) -> dict[str, int]:
     """What answers a frame of these streams, and the stream whose frame id it carries: modeld's modelV2 the main
@@ -336,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     for cam, why in getattr(source, 'unserved', {}).items(): log.warning("not served: %s: %s", cam, why)
     for why, services in getattr(source, 'left_out', {}).items(): log.info("not republished (%s): %s", why, ", ".join(services))
     return serve(args, source, stop)
+  except OptionError as e:   # found once the source is known (a --layout size it lacks, an unknown scene): a bad option all the same
+    log.error("%s", e)
+    return 2
   except (SourceError, VideoError, LockstepTimeout, IpcError) as e:
     log.error("%s", e)
     return 1

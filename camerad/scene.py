@@ -259,10 +259,18 @@ def parse_scene(obj: Any, name: str = '') -> Scene:
   return Scene(s['name'] or name, s['sensor'], cameras, s['height'], s['calib'], s['fps'], n_frames, s['seed'],
                road, s['lead'], s['lighting'], s['driver'])
 
+def shipped_scenes() -> list[str]:
+  """The names of the scenes in camerad/scenes/, what a bare name in load_scene picks from."""
+  return sorted(p.stem for p in SCENES_DIR.glob('*.json'))
+
+def scene_path(path: str | Path) -> Path:
+  """The file of a scene: the path given, or for a bare name ('straight') that is no file, the shipped scene's."""
+  p = Path(path)
+  return SCENES_DIR / f"{p.name}.json" if not p.suffix and not p.exists() else p
+
 def load_scene(path: str | Path) -> Scene:
   """Load a scene file; a bare name ('straight') means a shipped scene in camerad/scenes/."""
-  p = Path(path)
-  if not p.suffix and not p.exists(): p = SCENES_DIR / f"{p.name}.json"
+  p = scene_path(path)
   try: obj = json.loads(p.read_text())
   except json.JSONDecodeError as e: raise SceneError(f"{p}: not valid JSON ({e})") from None
   try: return parse_scene(obj, p.stem)

@@ -9,6 +9,7 @@ Problems a source meets while running (undecodable packets, frames missing from 
 from __future__ import annotations
 import itertools, os
 from collections import Counter
+from pathlib import Path
 from dataclasses import dataclass, field
 from collections.abc import Callable, Iterator
 import numpy as np
@@ -16,7 +17,7 @@ from cereal import log, messaging
 from cereal.services import CAMERAS, DAEMON_OUTPUTS, STREAM_OF_STATE
 from msgq.visionipc import NV12Layout
 from camerad.render import SceneRenderer
-from camerad.scene import SceneError, load_scene
+from camerad.scene import SceneError, load_scene, scene_path, shipped_scenes
 from oproute.logreader import LogReader, log_files, parse_identifier, routes_of
 from oproute.video import DEFAULT_FPS, ENCODE_IDX_OF, CameraVideo, EncodeIndex, VideoDecoder, VideoError, fill_frame
 
@@ -28,6 +29,11 @@ REPUBLISHABLE = frozenset(log.Event.schema.union_fields) - set(LOGGER_EVENTS)
 
 class SourceError(Exception):
   """A source that cannot be served: the message names what and why (a VideoError says it of one video file)."""
+
+class OptionError(SourceError):
+  """An option that is wrong whatever the source's files hold: an unknown camera or scene name, options that do not go
+  together or do not apply to the source. camerad exits 2 for it, as for any bad option; 1 is for a source that
+  cannot be served."""
 
 Fill = Callable[[np.ndarray, NV12Layout], None]
 
@@ -56,11 +62,15 @@ class SyntheticSource(Source):
   services = ("liveCalibration", "carState")
   def __init__(self, scene: str, cameras: list[str] | None = None):
     super().__init__()
-    try: self.scene = load_scene(scene)
+    if not (path := scene_path(scene)).exists():
+      shipped = ", ".join(shipped_scenes())
+      if path != Path(scene): raise OptionError(f"--source synthetic:{scene}: no shipped scene {scene!r} (shipped: {shipped}; or give a scene file)")
+      raise SourceError(f"synthetic scene {scene!r}: no such file (or give a shipped scene: {shipped})")
+    try: self.scene = load_scene(path)
     except (OSError, SceneError) as e: raise SourceError(f"synthetic scene {scene!r}: {e}") from None
     cams = cameras or list(self.scene.cameras)
     if bad := [c for c in cams if c not in self.scene.cameras]:
-      raise SourceError(f"synthetic scene {scene!r}: cameras {bad} not in the scene's {list(self.scene.cameras)}")
+      raise OptionError(f"--cameras: {', '.join(bad)} not in synthetic scene {scene!r}, whose cameras are {', '.join(self.scene.cameras)}")
     self.cams = {STREAMS[c]: c for c in cams}
     self.streams = {s: (self.scene.cameras[c].width, self.scene.cameras[c].height) for s, c in self.cams.items()}
     self.sensor = dict.fromkeys(self.streams, self.scene.sensor)
@@ -224,28 +234,35 @@ class LogSource(Source):
 # ---- --source parsing
 def open_source(specs: list[str], cameras: list[str] | None = None, services: list[str] | None = None, messages_only: bool = False) -> Source:
   """One source from the --source arguments: 'synthetic:SCENE', '[CAM=]FILE' (one per stream, CAM one of road, wide,
-  driver; road if not given), '[CAM=]/dev/videoN', or LOGs (routes, segments or log files, one after the other)."""
-  if not specs: raise SourceError("no --source given")
+  driver; road if not given), '[CAM=]/dev/videoN', or LOGs (routes, segments or log files, one after the other).
+  Specs that do not go together, an unknown camera name and options that do not apply to the source: OptionError."""
+  if not specs: raise OptionError("no --source given")
   first = specs[0]
   if first.startswith("synthetic:"):
-    if len(specs) > 1: raise SourceError(f"a synthetic source serves every camera of its scene; got more sources {specs[1:]}")
+    if len(specs) > 1: raise OptionError(f"a synthetic source serves every camera of its scene; got more sources {specs[1:]}")
+    if services or messages_only: raise OptionError("--services and --messages-only apply to a LOG source, not to a synthetic scene")
     return SyntheticSource(first.split(":", 1)[1], cameras)
+  if cameras: raise OptionError("--cameras applies to a synthetic scene; video files and logs serve the cameras they have")
   def split(spec: str) -> tuple[str | None, str]:
     cam, sep, path = spec.partition("=")
+    if sep and cam not in STREAMS and "/" not in cam and not os.path.exists(spec):   # CAM=FILE whose CAM is no camera
+      raise OptionError(f"--source {spec!r}: unknown camera {cam!r}; expected {', '.join(STREAMS)} (CAM=FILE)")
     return (cam, path) if sep and cam in STREAMS else (None, spec)
   if all(split(p)[0] is None and _is_log(p) for p in specs): return LogSource(specs, services, messages_only)
+  if services or messages_only: raise OptionError("--services and --messages-only apply to a LOG source, not to video files or devices")
   files: dict[int, str] = {}
   for spec in specs:
     cam, path = split(spec)
     if spec.startswith("synthetic:") or _is_log(path):
-      raise SourceError(f"--source {spec!r}: a synthetic scene or a log is a source of its own, not one of several")
+      raise OptionError(f"--source {spec!r}: a synthetic scene or a log is a source of its own, not one of several")
     cam = cam or ("road" if not files else None)
-    if cam is None: raise SourceError(f"--source {spec!r}: with several files, name each one's camera: road=FILE, wide=FILE, driver=FILE")
-    if STREAMS[cam] in files: raise SourceError(f"--source {spec!r}: camera {cam} given twice")
-    if not path.startswith("/dev/video") and not os.path.isfile(path): raise SourceError(f"--source {spec!r}: no such file {path!r}")
+    if cam is None: raise OptionError(f"--source {spec!r}: with several files, name each one's camera: road=FILE, wide=FILE, driver=FILE")
+    if STREAMS[cam] in files: raise OptionError(f"--source {spec!r}: camera {cam} given twice")
     files[STREAMS[cam]] = path
+  if missing := [p for p in files.values() if not p.startswith("/dev/video") and not os.path.isfile(p)]:   # the specs first: a bad one is a bad option
+    raise SourceError(f"--source: no such file {', '.join(map(repr, missing))}")
   devices = [p.startswith("/dev/video") for p in files.values()]
-  if any(devices) and not all(devices): raise SourceError("V4L2 devices and video files cannot be mixed in one camerad")
+  if any(devices) and not all(devices): raise OptionError("V4L2 devices and video files cannot be mixed in one camerad")
   return VideoSource(files, v4l2=all(devices))
 
 def _is_log(path: str) -> bool:
