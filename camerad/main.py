@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse, logging, sys, time
 import numpy as np
 from modeld_service import Stats, StopFlag, Watchdog, notify, set_process_title, setup_logging
+from modeld_service.extras import needs_extra
 from cereal import log as capnp_log, messaging
 from cereal.services import (ANSWERS, CAMERA_OF_STREAM as CAMERA_OF, CAMERA_STATE_SERVICES, DMONITORINGD_OUTPUTS, SERVICES,
                              road_streams)
@@ -16,9 +17,10 @@ from msgq import IpcError
 from msgq.pubsub import RECONNECT_IVL_MAX_S
 from msgq.visionipc import DRIVER, NV12Layout, VisionIpcServer
 from msgq.visionipc.server import MAX_BUFFERS
-from oproute.video import VideoError
 from camerad.scene import shipped_scenes
-from camerad.sources import REPUBLISHABLE, STREAMS, OptionError, Source, SourceError, Tick, open_source
+with needs_extra("camerad", "camera"):   # PyAV and zstandard: video files, devices and logs
+  from oproute.video import VideoError
+  from camerad.sources import REPUBLISHABLE, STREAMS, OptionError, Source, SourceError, Tick, open_source
 
 log = logging.getLogger("camerad")
 SENSORS = set(capnp_log.FrameData.ImageSensor.schema.enumerants)

@@ -15,6 +15,7 @@ import argparse, json, os, shutil, sys, time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from modeld_service.extras import needs_extra
 
 RETRIES = 3   # a segment whose worker died (killed, out of memory) is run again this often on a new worker
 
@@ -79,12 +80,8 @@ def check_layouts(jobs: list[Job], arts: dict) -> None:
     except ValueError as e: raise ValueError(f"{j.src}: {e}") from None
 
 def run(args) -> int:
-  try:
-    import ray
-    from tqdm import tqdm
-  except ModuleNotFoundError as e:
-    print(f"modeld-batch: needs {e.name}, which the base install lacks: pip install 'tinymodeld[batch]'", file=sys.stderr)
-    return 2
+  import ray
+  from tqdm import tqdm
   from modeld_batch.segment import SegmentWorker
   out = Path(args.out)
   jobs = route_jobs(args.routes, out)
@@ -182,6 +179,7 @@ def diff(args) -> int:
     if worst and worst[0] > 0: print(f"  look at it: modeld-overlay {b / r} --start {worst[1]} --frames 1 --out {r}-{worst[1]}/")
   return 0
 
+@needs_extra("modeld-batch", "batch")   # Ray and tqdm, and for the routes PyAV and zstandard: imported as they are needed
 def main(argv: list[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else argv
   if argv[:1] == ["diff"]:

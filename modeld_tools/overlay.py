@@ -15,7 +15,9 @@ import argparse, os, sys, time
 from dataclasses import dataclass
 from collections.abc import Iterator
 import numpy as np
-from PIL import Image, ImageDraw, ImageFont
+from modeld_service.extras import needs_extra
+with needs_extra('modeld-overlay', 'tools'):
+  from PIL import Image, ImageDraw, ImageFont
 from cereal.services import CAMERAS
 from modelrt.constants import DM_HEIGHT, DM_WIDTH, X_IDXS
 from modelrt.calibration import DEFAULT_SENSOR, camera_for, sensor_name
@@ -339,6 +341,7 @@ class Writer:
       for pkt in self.stream.encode(): self.container.mux(pkt)
       self.container.close()
 
+@needs_extra('modeld-overlay', 'tools')   # PyAV, zstandard and tqdm: imported as they are needed
 def main(argv: list[str] | None = None) -> int:
   p = argparse.ArgumentParser(prog='modeld-overlay', formatter_class=argparse.RawDescriptionHelpFormatter,
                               description='Draw model outputs onto camera frames, from a recorded route or a live stack.',

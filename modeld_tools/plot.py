@@ -13,6 +13,7 @@ import argparse, sys
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
+from modeld_service.extras import needs_extra
 from modelrt.constants import X_IDXS
 
 LANE_DISTANCES = (10., 30., 60.)   # m ahead where lane positions are plotted
@@ -133,6 +134,7 @@ def plots(r: RouteData, out: Path, name: str, fmt: str = 'png') -> list[Path]:
     fig('driver', 'driver monitoring (the driver\'s side)', panels)
   return written
 
+@needs_extra('modeld-plot', 'tools')   # zstandard for the route, matplotlib for the figures: imported as they are needed
 def main(argv: list[str] | None = None) -> int:
   p = argparse.ArgumentParser(prog='modeld-plot', description='Timing and quality plots of a recorded route, as PNG, SVG or PDF files.',
                               epilog=__doc__.split('\n\n')[1], formatter_class=argparse.RawDescriptionHelpFormatter)

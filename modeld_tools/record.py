@@ -11,12 +11,14 @@ import argparse, errno, logging, queue, sys, threading, time
 from datetime import datetime
 from pathlib import Path
 from modeld_service import Stats, StopFlag, Watchdog, notify, set_process_title, setup_logging
+from modeld_service.extras import needs_extra
 from cereal import messaging
 from cereal.services import CAMERAS, SERVICES
 from msgq.visionipc import VisionIpcClient
-from oproute.logreader import message_length
-from oproute.video import HevcWriter, picture
-from oproute.writer import RouteWriter
+with needs_extra("modeld-record", "tools"):   # zstandard for the logs, PyAV for the video
+  from oproute.logreader import message_length
+  from oproute.video import HevcWriter, picture
+  from oproute.writer import RouteWriter
 
 log = logging.getLogger("modeld-record")
 CLOSE_GRACE_S = 5.   # a segment stays open this long at most for its cameras' last EncodeIdx events

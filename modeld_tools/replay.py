@@ -17,8 +17,10 @@ from pathlib import Path
 from cereal.services import CAMERA_OF_STREAM, CAMERA_STATE_SERVICES, CAMERAS, STREAM_OF_STATE, road_streams
 from msgq.visionipc import DRIVER
 from msgq import runtime_dir
-from camerad.sources import LogSource, SourceError
-from modeld_tools.compare import FIELDS, compare, route_outputs, table
+from modeld_service.extras import needs_extra
+with needs_extra("modeld-replay", "tools"):   # zstandard and PyAV: the route's logs and video
+  from camerad.sources import LogSource, SourceError
+  from modeld_tools.compare import FIELDS, compare, route_outputs, table
 
 STOP_TIMEOUT_S = 20.
 
