@@ -65,7 +65,7 @@ def check_layouts(jobs: list[Job], arts: dict) -> None:
   whose video opens (a video that does not is its segment's error, later)."""
   from cereal.services import CAMERAS
   from oproute.video import VideoDecoder, VideoError
-  from modeld_batch.segment import artifact_layouts
+  from camerad.main import artifact_layouts
   seen = set()
   for j in jobs:
     sizes = {}

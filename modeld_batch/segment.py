@@ -4,7 +4,7 @@ The segment is read by camerad's route source and its frames are written, number
 in lockstep: the same decoding, message order, camera states, frame ids (the log's up to its first gap, then
 consecutive per camera) and recorded timestamps a lockstep replay serves; a frame that cannot be written is skipped
 and counted, as camerad does. Frames go straight into host buffers of a layout the artifacts were built for
-(artifact_layouts); messages feed a SubMaster without sockets; each frame goes through modeld's RoadModel and
+(camerad's artifact_layouts); messages feed a SubMaster without sockets; each frame goes through modeld's RoadModel and
 dmonitoringd's DriverModel (runner, guard, copy-out, parse, fill), with fresh history at the segment's start. What a
 daemon would publish for a frame is taken in from the next frame on, as the daemons see each other's outputs (modeld
 reads dmonitoringd's isRHD). The outputs, the input camera states and the segment's EncodeIdx events go to
@@ -46,28 +46,12 @@ class Runners:
     if (b := self.bufs.get(key := (stream, str(layout)))) is None: b = self.bufs[key] = HostBuf(layout, stream=stream, idx=0)
     return b
 
-def artifact_layouts(arts: dict, streams: dict[int, tuple[int, int]]) -> dict:
-  """Each stream's buffer layout, one its artifact (arts['road'] for road and wide road, arts['dm'] for driver) was
-  built for: packed (camerad's default) where the artifact has it, else the first of the stream's size in its manifest (a
-  lockstep replay equal to the batch gives camerad that --layout). ValueError naming the camera, its size, the
-  artifact's layouts and the command that adds one, where the artifact has none of that size."""
-  from cereal.services import CAMERA_OF_STREAM
-  from msgq.visionipc import DRIVER, NV12Layout
-  out = {}
-  for s, (w, h) in streams.items():
-    art = arts['dm' if s == DRIVER else 'road']
-    fits = [l for l in map(NV12Layout.parse, art.layouts) if (l.width, l.height) == (w, h)]
-    if not fits: raise ValueError(f"the {CAMERA_OF_STREAM[s]} camera is {w}x{h}, {art.dir} was built for {', '.join(art.layouts)}; "
-                                  f"add a layout of that size: {art.rebuild_command(f'{w}x{h}')}")
-    out[s] = NV12Layout.packed(w, h) if NV12Layout.packed(w, h) in fits else fits[0]
-  return out
-
 def replay_segment(src: str, out: str, runners: Runners) -> dict:
   """Run segment src through the daemons' frame models; returns its counts."""
   from cereal import messaging
   from cereal.services import ANSWERS, CAMERA_STATE_SERVICES, CAMERAS, road_streams
   from camerad.sources import LogSource
-  from camerad.main import FrameWriter, camera_state
+  from camerad.main import FrameWriter, artifact_layouts, camera_state
   from modeld_service import Stats
   from dmonitoringd.model import DriverModel
   from modeld.model import RoadModel

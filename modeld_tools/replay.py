@@ -3,7 +3,8 @@ model_replay, on this machine).
 
 It starts a private stack (its own OPENPILOT_PREFIX): modeld for a route with road or wide road video, dmonitoringd
 for one with driver video, modeld-record writing the new route, and `camerad --source ROUTE --lockstep`, which sends
-each frame once the daemons answered the previous one. Then it compares the new outputs with the route's logged
+each frame once the daemons answered the previous one, in buffers of a layout the artifacts were built for (the one
+modeld-batch picks). Then it compares the new outputs with the route's logged
 modelV2 and driverStateV2, frame by frame (a replayed frame is tied to its source frame by the camera state's
 frameIdSensor), and prints per field the frames compared and missing and the largest and mean difference. A camera
 is replayed when camerad serves it: its states, its EncodeIdx events and its video (openpilot logs the driver
@@ -18,17 +19,33 @@ from cereal.services import CAMERA_OF_STREAM, CAMERA_STATE_SERVICES, CAMERAS, ST
 from msgq.visionipc import DRIVER
 from msgq import runtime_dir
 from modeld_service.extras import needs_extra
+from modelrt.artifact import ArtifactError, read_manifest
 with needs_extra("modeld-replay", "tools"):   # zstandard and PyAV: the route's logs and video
+  from camerad.main import artifact_layouts
   from camerad.sources import LogSource, SourceError
   from modeld_tools.compare import FIELDS, compare, route_outputs, table
 
 STOP_TIMEOUT_S = 20.
 
-def route_cameras(route: list[str]) -> tuple[list[str], dict[str, str]]:
-  """The cameras camerad serves frames of from the route, decided by its route source itself (camera states,
-  EncodeIdx events and the video file), and {camera: why} of the others with states. SourceError when there is none."""
+def route_cameras(route: list[str]) -> tuple[dict[int, tuple[int, int]], dict[str, str]]:
+  """The streams camerad serves frames of from the route, decided by its route source itself (camera states,
+  EncodeIdx events and the video file), with their sizes, and {camera: why} of the cameras with states it does not
+  serve. SourceError when there is none."""
   src = LogSource(route)
-  return [CAMERA_OF_STREAM[s] for s in src.streams], src.unserved
+  return src.streams, src.unserved
+
+def camerad_layouts(artifacts: Path, streams: dict[int, tuple[int, int]]) -> list[str]:
+  """camerad's --layout options: each stream in the layout modeld-batch runs it in (artifact_layouts), one the daemon
+  answering it has a warp for. ArtifactError for artifacts that cannot be read; ValueError for a camera size they were
+  not built for, or two cameras of one size their artifacts have no common layout for (camerad has one per size)."""
+  arts = {f: read_manifest(artifacts, f) for f in {"dm" if s == DRIVER else "road" for s in streams}}
+  layouts, by_size = artifact_layouts(arts, streams), {}
+  for s, l in layouts.items(): by_size.setdefault((l.width, l.height), {})[s] = l
+  for (w, h), ls in by_size.items():
+    if len(set(ls.values())) > 1:
+      raise ValueError(f"camerad serves one layout per camera size, and the artifacts have no common one for {w}x{h}: "
+                       f"{', '.join(f'{CAMERA_OF_STREAM[s]} {l}' for s, l in ls.items())}; build both families with the same --camera")
+  return [str(l) for ls in by_size.values() for l in set(ls.values())]
 
 class Stack:
   """The replay's processes, each with its stderr in a file of logs/."""
@@ -59,7 +76,8 @@ def wait_ready(stack: Stack, name: str, what: str, timeout: float) -> bool:
     time.sleep(0.05)
   return True
 
-def run_stack(route: list[str], out: Path, artifacts: Path, cameras: list[str], logs: Path, frames: int | None, timeout: float) -> str | None:
+def run_stack(route: list[str], out: Path, artifacts: Path, cameras: list[str], layouts: list[str], logs: Path, frames: int | None,
+              timeout: float) -> str | None:
   """Replay route into out; None on success, else what failed."""
   stack = Stack(logs, {**os.environ, "PYTHONUNBUFFERED": "1"})
   daemons = (["modeld"] if {"road", "wide"} & set(cameras) else []) + (["dmonitoringd"] if "driver" in cameras else [])
@@ -67,7 +85,8 @@ def run_stack(route: list[str], out: Path, artifacts: Path, cameras: list[str], 
     for d in daemons: stack.start(d, d, "--artifacts", artifacts)
     stack.start("record", "modeld_tools.record", "--route", out)
     if not wait_ready(stack, "record", "recording", timeout): return f"modeld-record did not start:\n{stack.tail('record')}"
-    cam = stack.start("camerad", "camerad", "--source", *route, "--lockstep", "--lockstep-timeout", timeout, *(["--frames", frames] if frames else []))
+    cam = stack.start("camerad", "camerad", "--source", *route, "--lockstep", "--lockstep-timeout", timeout, *(["--frames", frames] if frames else []),
+                      *(a for l in layouts for a in ("--layout", l)))
     while cam.poll() is None:
       if failed := [d for d in daemons if stack.procs[d].poll() is not None]:
         return f"{failed[0]} exited with {stack.procs[failed[0]].returncode}:\n{stack.tail(failed[0])}"
@@ -94,13 +113,18 @@ example: modeld-replay realdata/2026-11-30--04-00-00--3 --artifacts artifacts --
   ap.add_argument("--timeout", type=float, default=60., metavar="S", help="seconds to wait for the daemons to start and for each answer (default 60)")
   args = ap.parse_args(argv)
   if args.frames is not None and args.frames < 1: ap.error(f"--frames: expected >= 1, got {args.frames}")
-  try: cameras, unserved = route_cameras(args.route)
-  except SourceError as e: ap.error(f"nothing to replay: {e}")
   out = args.out or Path("routes") / datetime.now().strftime("replay--%Y-%m-%d--%H-%M-%S")
+  try: served, unserved = route_cameras(args.route)
+  except SourceError as e: ap.error(f"nothing to replay: {e}")
+  cameras = [CAMERA_OF_STREAM[s] for s in served]
+  try: layouts = camerad_layouts(args.artifacts, served)
+  except (ArtifactError, ValueError) as e:   # before anything starts: nothing to clean up
+    print(f"modeld-replay: {e}", file=sys.stderr)
+    return 1
   os.environ["OPENPILOT_PREFIX"] = f"replay{os.getpid()}"   # a private stack: its topics and camera buffers are its own
   with tempfile.TemporaryDirectory(prefix="modeld-replay-") as logs:
     t0 = time.monotonic()
-    if (err := run_stack(args.route, out, args.artifacts, cameras, Path(logs), args.frames, args.timeout)) is not None:
+    if (err := run_stack(args.route, out, args.artifacts, cameras, layouts, Path(logs), args.frames, args.timeout)) is not None:
       print(f"modeld-replay: {err}", file=sys.stderr)
       return 1
   print(f"replayed {', '.join(cameras)} of {' '.join(args.route)} in {time.monotonic() - t0:.1f} s into {out}")

@@ -1,7 +1,7 @@
 """openpilot routes end to end: a route written with openpilot's own schema replays through camerad and both real
 daemons; what the project records reads back in openpilot's LogReader, message for message."""
-import os, subprocess, sys
-from tests.artifacts import REPO
+import json, os, subprocess, sys
+from tests.artifacts import ALT_LAYOUT, CACHE, REPO, UNSERVED_LAYOUT, build
 from tests.daemon_harness import Collector, Daemon
 from tests.openpilot_route import lockstep, write_route
 
@@ -111,3 +111,28 @@ def test_modeld_replay_of_a_route_without_driver_video(tiny_artifacts, scene, tm
   assert "replayed road of" in r.stdout and "driverStateV2 not compared, no camera it answers was replayed (driver: no dcamera.hevc" in r.stdout, r.stdout
   new = [ev.which() for ev in LogReader(tmp_path / "new")]
   assert new.count("modelV2") == 5 and "driverStateV2" not in new and "driverCameraState" in new, sorted(set(new))
+
+def test_modeld_replay_serves_the_artifacts_layout(scene, tmp_path):
+  """Artifacts built for the aligned layout alone (what `modeld-compile --camera WxH:aligned` builds): camerad serves
+  that layout, every frame is answered. Artifacts that are missing, or have no layout of the route's camera size, are
+  refused before anything starts, naming what to build."""
+  from modelrt.artifact import warp_name
+  from oproute import LogReader
+  aligned = build(CACHE.parent / "tiny-aligned", layouts=(ALT_LAYOUT,), models="tiny")
+  write_route(tmp_path / "route", scene, ("road", "driver"), segments=1, frames=5)
+  r = run("modeld_tools.replay", tmp_path / "route", "--artifacts", aligned, "--out", tmp_path / "new")
+  assert r.returncode == 0, r.stdout + r.stderr
+  new = [ev.which() for ev in LogReader(tmp_path / "new")]
+  assert new.count("modelV2") == 5 and new.count("driverStateV2") == 5, sorted(set(new))
+
+  r = run("modeld_tools.replay", tmp_path / "route", "--artifacts", tmp_path / "nothing", "--out", tmp_path / "none")
+  assert r.returncode == 1 and str(tmp_path / "nothing") in r.stderr and not (tmp_path / "none").exists(), r.stderr
+  for family in ("road", "dm"):   # manifests of another camera size alone (the layout check reads nothing else)
+    manifest = json.loads((aligned / family / "manifest.json").read_text())
+    manifest["jits"][warp_name(str(UNSERVED_LAYOUT))] = manifest["jits"].pop(warp_name(manifest["layouts"][0]))
+    manifest["layouts"] = [str(UNSERVED_LAYOUT)]
+    (tmp_path / "other" / family).mkdir(parents=True)
+    (tmp_path / "other" / family / "manifest.json").write_text(json.dumps(manifest))
+  r = run("modeld_tools.replay", tmp_path / "route", "--artifacts", tmp_path / "other", "--out", tmp_path / "none")
+  assert r.returncode == 1 and f"the road camera is 64x48, {tmp_path / 'other' / 'road'} was built for {UNSERVED_LAYOUT}" in r.stderr, r.stderr
+  assert "--camera 64x48" in r.stderr and not (tmp_path / "none").exists(), r.stderr
