@@ -4,7 +4,7 @@ model_replay, on this machine).
 It starts a private stack (its own OPENPILOT_PREFIX): modeld for a route with road or wide road video, dmonitoringd
 for one with driver video, modeld-record writing the new route, and `camerad --source ROUTE --lockstep`, which sends
 each frame once the daemons answered the previous one, in buffers of a layout the artifacts were built for (the one
-modeld-batch picks). Then it compares the new outputs with the route's logged
+modeld-batch picks). A replay that fails leaves no route behind. Then it compares the new outputs with the route's logged
 modelV2 and driverStateV2, frame by frame (a replayed frame is tied to its source frame by the camera state's
 frameIdSensor), and prints per field the frames compared and missing and the largest and mean difference. A camera
 is replayed when camerad serves it: its states, its EncodeIdx events and its video (openpilot logs the driver
@@ -114,6 +114,7 @@ example: modeld-replay realdata/2026-11-30--04-00-00--3 --artifacts artifacts --
   args = ap.parse_args(argv)
   if args.frames is not None and args.frames < 1: ap.error(f"--frames: expected >= 1, got {args.frames}")
   out = args.out or Path("routes") / datetime.now().strftime("replay--%Y-%m-%d--%H-%M-%S")
+  if out.exists(): ap.error(f"--out {out}: already exists; the replay writes a new route")
   try: served, unserved = route_cameras(args.route)
   except SourceError as e: ap.error(f"nothing to replay: {e}")
   cameras = [CAMERA_OF_STREAM[s] for s in served]
@@ -122,11 +123,18 @@ example: modeld-replay realdata/2026-11-30--04-00-00--3 --artifacts artifacts --
     print(f"modeld-replay: {e}", file=sys.stderr)
     return 1
   os.environ["OPENPILOT_PREFIX"] = f"replay{os.getpid()}"   # a private stack: its topics and camera buffers are its own
+  made = [p for p in (out, *out.parents) if not p.exists()]   # what the recorder will create: a failed replay removes it
   with tempfile.TemporaryDirectory(prefix="modeld-replay-") as logs:
     t0 = time.monotonic()
-    if (err := run_stack(args.route, out, args.artifacts, cameras, layouts, Path(logs), args.frames, args.timeout)) is not None:
-      print(f"modeld-replay: {err}", file=sys.stderr)
-      return 1
+    try: err = run_stack(args.route, out, args.artifacts, cameras, layouts, Path(logs), args.frames, args.timeout)
+    except KeyboardInterrupt: err = "interrupted"
+    if err is not None:
+      shutil.rmtree(out, ignore_errors=True)   # a partial route: nothing to compare, and it would read as a replay
+      for p in made[1:]:
+        try: p.rmdir()   # the folders above it, when created for it and empty
+        except OSError: break
+      print(f"modeld-replay: {err}\nno route written (the partial {out} was removed)", file=sys.stderr)
+      return 130 if err == "interrupted" else 1
   print(f"replayed {', '.join(cameras)} of {' '.join(args.route)} in {time.monotonic() - t0:.1f} s into {out}")
   compared = [svc for svc in FIELDS if svc in {CAMERAS[c].answer for c in cameras}]
   for svc in FIELDS:

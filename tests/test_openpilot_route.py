@@ -1,6 +1,6 @@
 """openpilot routes end to end: a route written with openpilot's own schema replays through camerad and both real
 daemons; what the project records reads back in openpilot's LogReader, message for message."""
-import json, os, subprocess, sys
+import json, os, shutil, subprocess, sys
 from tests.artifacts import ALT_LAYOUT, CACHE, REPO, UNSERVED_LAYOUT, build
 from tests.daemon_harness import Collector, Daemon
 from tests.openpilot_route import lockstep, write_route
@@ -112,10 +112,11 @@ def test_modeld_replay_of_a_route_without_driver_video(tiny_artifacts, scene, tm
   new = [ev.which() for ev in LogReader(tmp_path / "new")]
   assert new.count("modelV2") == 5 and "driverStateV2" not in new and "driverCameraState" in new, sorted(set(new))
 
-def test_modeld_replay_serves_the_artifacts_layout(scene, tmp_path):
+def test_modeld_replay_serves_the_artifacts_layout_and_leaves_nothing_when_it_fails(scene, tmp_path):
   """Artifacts built for the aligned layout alone (what `modeld-compile --camera WxH:aligned` builds): camerad serves
-  that layout, every frame is answered. Artifacts that are missing, or have no layout of the route's camera size, are
-  refused before anything starts, naming what to build."""
+  that layout, every frame is answered. A replay whose daemon fails (an artifact altered after the build) removes the
+  route it began, and the folders made for it; artifacts that are missing, or have no layout of the route's camera
+  size, are refused before anything starts, naming what to build."""
   from modelrt.artifact import warp_name
   from oproute import LogReader
   aligned = build(CACHE.parent / "tiny-aligned", layouts=(ALT_LAYOUT,), models="tiny")
@@ -124,6 +125,14 @@ def test_modeld_replay_serves_the_artifacts_layout(scene, tmp_path):
   assert r.returncode == 0, r.stdout + r.stderr
   new = [ev.which() for ev in LogReader(tmp_path / "new")]
   assert new.count("modelV2") == 5 and new.count("driverStateV2") == 5, sorted(set(new))
+
+  shutil.copytree(aligned, altered := tmp_path / "altered")
+  with open(altered / "road" / "vision.bin", "ab") as f: f.write(b"\0")
+  r = run("modeld_tools.replay", tmp_path / "route", "--artifacts", altered, "--out", tmp_path / "made" / "broken")
+  assert r.returncode == 1 and "modeld exited with 78" in r.stderr and "no route written" in r.stderr, r.stdout + r.stderr
+  assert not (tmp_path / "made").exists(), "the partial route and the folder made for it are removed"
+  r = run("modeld_tools.replay", tmp_path / "route", "--artifacts", aligned, "--out", tmp_path / "new")
+  assert r.returncode == 2 and f"--out {tmp_path / 'new'}: already exists" in r.stderr, r.stderr   # never written into, nor removed
 
   r = run("modeld_tools.replay", tmp_path / "route", "--artifacts", tmp_path / "nothing", "--out", tmp_path / "none")
   assert r.returncode == 1 and str(tmp_path / "nothing") in r.stderr and not (tmp_path / "none").exists(), r.stderr
