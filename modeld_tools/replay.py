@@ -23,7 +23,7 @@ from modelrt.artifact import ArtifactError, read_manifest
 with needs_extra("modeld-replay", "tools"):   # zstandard and PyAV: the route's logs and video
   from camerad.main import artifact_layouts
   from camerad.sources import LogSource, SourceError
-  from modeld_tools.compare import FIELDS, compare, route_outputs, table
+  from modeld_tools.compare import FIELDS, FieldDiff, compare, route_outputs, table
 
 STOP_TIMEOUT_S = 20.
 
@@ -113,6 +113,7 @@ example: modeld-replay realdata/2026-11-30--04-00-00--3 --artifacts artifacts --
   ap.add_argument("--timeout", type=float, default=60., metavar="S", help="seconds to wait for the daemons to start and for each answer (default 60)")
   args = ap.parse_args(argv)
   if args.frames is not None and args.frames < 1: ap.error(f"--frames: expected >= 1, got {args.frames}")
+  if args.tolerance is not None and not args.tolerance >= 0: ap.error(f"--tolerance: expected X >= 0, got {args.tolerance}")
   out = args.out or Path("routes") / datetime.now().strftime("replay--%Y-%m-%d--%H-%M-%S")
   if out.exists(): ap.error(f"--out {out}: already exists; the replay writes a new route")
   try: served, unserved = route_cameras(args.route)
@@ -154,10 +155,24 @@ example: modeld-replay realdata/2026-11-30--04-00-00--3 --artifacts artifacts --
     if not ref[svc]: print(f"the route logged no {svc}: {len(new[svc])} new ones, nothing to compare them with")
   diffs = [d for d in compare(ref, new) if ref.get(d.service)]
   if diffs: print(table(diffs))
-  if args.tolerance is not None and (bad := [d for d in diffs if d.max > args.tolerance or d.missing]):
-    print(f"modeld-replay: past the tolerance {args.tolerance:g}: {', '.join(f'{d.service}.{d.field}' for d in bad)}", file=sys.stderr)
-    return 1
-  return 0
+  if args.tolerance is None: return 0
+  missing = {svc: sorted(ref[svc].keys() - new[svc].keys()) for svc in compared if ref[svc]}
+  for line in verdict(diffs, missing, args.tolerance): print(f"modeld-replay: {line}", file=sys.stderr)
+  return 1 if any(d.max > args.tolerance for d in diffs) or any(missing.values()) else 0
+
+def verdict(diffs: list[FieldDiff], missing: dict[str, list[int]], tolerance: float) -> list[str]:
+  """Why a replay fails --tolerance: the fields that differ beyond it, each with its largest difference and frame, and
+  apart from them, per service, the logged frames without a replayed output (a field's difference is taken over the
+  frames both have, so a missing frame shows in no field's)."""
+  out = []
+  if over := [d for d in diffs if d.max > tolerance]:
+    out.append(f"past the tolerance {tolerance:g}: " + ", ".join(f"{d.service}.{d.field} (max diff {d.max:.4g} at frame {d.worst[0][1]})" for d in over))
+  for svc, fids in missing.items():
+    if fids:
+      shown = ", ".join(map(str, fids[:10])) + (", ..." if len(fids) > 10 else "")
+      out.append(f"{len(fids)} logged {svc} frame{'s' if len(fids) > 1 else ''} without a replayed output ({shown}): "
+                 f"with --tolerance a missing frame fails the replay too")
+  return out
 
 if __name__ == "__main__":
   sys.exit(main())

@@ -64,7 +64,8 @@ def test_messages_keep_their_recorded_times(scene, tmp_path):
 def test_modeld_replay_compares_with_logged_outputs(tiny_artifacts, scene, tmp_path):
   """modeld-replay on a route without outputs (three cameras; given as its two segment folders) reports nothing to
   compare; on the same route with those outputs logged (as a car's daemons would have) it finds them again exactly;
-  with one logged value moved, and a NaN in another, it exits 1 past the tolerance, naming the fields and the frame."""
+  with one logged value moved, a NaN in another and a logged frame the replay has no output for, it exits 1 naming
+  the fields past the tolerance with their largest difference and its frame, and apart from them the missing frame."""
   from oproute import LogReader
   from tests import openpilot_ref as op
   cams = ("road", "wide", "driver")
@@ -83,6 +84,9 @@ def test_modeld_replay_compares_with_logged_outputs(tiny_artifacts, scene, tmp_p
         if svc == "modelV2" and fid == moved: b.modelV2.position.y = [y + 0.5 for y in b.modelV2.position.y]
         if svc == "modelV2" and moved and fid == moved + 2: b.modelV2.laneLines[0].y[3] = float("nan")
         evs.append(b)
+        if svc == "modelV2" and fid == moved:   # an output of frame 7, which the route has no camera frame of
+          (orphan := b.copy()).modelV2.frameId = 7
+          evs.append(orphan)
       return evs
     return extra
   write_route(tmp_path / "logged", scene, cams, extra=outputs(None))
@@ -92,9 +96,12 @@ def test_modeld_replay_compares_with_logged_outputs(tiny_artifacts, scene, tmp_p
   assert rows["modelV2.position"][:5] == ["20", "0", "0", "0", "0"] and rows["driverStateV2.faceOrientation"][:5] == ["20", "0", "0", "0", "0"]
   write_route(tmp_path / "moved", scene, cams, extra=outputs(107))
   r = run("modeld_tools.replay", tmp_path / "moved", "--artifacts", tiny_artifacts, "--out", tmp_path / "third", "--tolerance", "0.1", "--frames", "12")
-  assert r.returncode == 1 and "past the tolerance 0.1: modelV2.position, modelV2.laneLines" in r.stderr, r.stdout + r.stderr
+  verdict = [l for l in r.stderr.splitlines() if l.startswith("modeld-replay: ")]
+  assert r.returncode == 1 and verdict == [
+    "modeld-replay: past the tolerance 0.1: modelV2.position (max diff 0.5 at frame 107), modelV2.laneLines (max diff inf at frame 109)",
+    "modeld-replay: 1 logged modelV2 frame without a replayed output (7): with --tolerance a missing frame fails the replay too"], r.stderr
   row = next(l for l in r.stdout.splitlines() if l.startswith("modelV2.position")).split()
-  assert row[1:4] == ["12", "0", "0"] and float(row[4]) == 0.5 and row[6] == "107", row
+  assert row[1:4] == ["12", "1", "0"] and float(row[4]) == 0.5 and row[6] == "107", row
 
 def test_modeld_replay_of_a_route_without_driver_video(tiny_artifacts, scene, tmp_path):
   """openpilot logs the driver camera's states and driverEncodeIdx without dcamera.hevc unless RecordFront is on:
