@@ -1,10 +1,14 @@
 """modeld-dump: print messages of services live, as readable text, JSON lines, or rates (--hz).
 
-A malformed message is counted and reported, never fatal: the tool is what one points at a misbehaving stack.
+A malformed message is counted and reported, never fatal: the tool is what one points at a misbehaving stack. With
+nothing of a service after a few seconds, one line on stderr says so and where it listens (the prefix's sockets, or
+the TCP address), and it goes on waiting.
 """
 import argparse, base64, json, os, sys, time
 import numpy as np
 from cereal.services import SERVICES
+
+WAITING_NOTE_S = 3.   # with nothing of a service by then, say so: a missing publisher or a wrong --addr/--prefix is silent
 
 EPILOG = f"""services: {', '.join(SERVICES)}
 
@@ -74,6 +78,12 @@ class Rates:
       lines.append(f"{s:<{w}} {hz:7.1f} {SERVICES[s].frequency:7.1f} {self.count[s]:6d} {gaps}    {self.malformed[s]:9d}{silent}")
     return "\n".join(lines)
 
+def source(addr: str) -> str:
+  """Where the messages would come from, as the waiting note names it."""
+  from msgq.pubsub import is_local, runtime_dir
+  if is_local(addr): return f"this machine's stack (OPENPILOT_PREFIX={os.environ.get('OPENPILOT_PREFIX', '')!r}, sockets in {runtime_dir()})"
+  return f"{addr} over TCP (its publishers need MSGQ_TCP set)"
+
 def main(argv: list[str] | None = None) -> int:
   p = argparse.ArgumentParser(prog='modeld-dump', description='Print messages of services live.', epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -99,9 +109,13 @@ def main(argv: list[str] | None = None) -> int:
   except IpcError as e:
     print(f"modeld-dump: {e}", file=sys.stderr)
     return 1
-  rates, printed = Rates(services), 0
+  rates, printed, note_at = Rates(services), 0, time.monotonic() + WAITING_NOTE_S
   try:
     while args.n is None or printed < args.n:
+      if note_at is not None and time.monotonic() >= note_at:   # once: stdout stays the messages alone
+        note_at = None
+        if silent := [s for s in services if not rates.total[s] and not rates.malformed[s]]:
+          print(f"modeld-dump: no {' or '.join(silent)} message yet from {source(args.addr)}; waiting", file=sys.stderr, flush=True)
       for sock in poller.poll(100):
         s = socks[id(sock)]
         while (args.n is None or printed < args.n) and (dat := sock.receive(non_blocking=True)) is not None:

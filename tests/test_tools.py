@@ -4,7 +4,7 @@ A small stack runs once per module: camerad on a 320x200 synthetic scene in lock
 with video, modeld-overlay --live drawing it, and a stand-in model process that answers every camera frame with
 modelV2 / driverStateV2 / driverMonitoringState computed from the scene's ground truth (so the drawn lane lines
 must land on the painted ones)."""
-import base64, json, os, re, shutil, signal, subprocess, sys, uuid
+import base64, json, os, re, select, shutil, signal, subprocess, sys, uuid
 from pathlib import Path
 import av
 import numpy as np
@@ -232,6 +232,33 @@ def test_dump_remote_addr(publisher):
   r = run([BIN / 'modeld-dump', '--prefix', publisher, '--addr', '127.0.1.1', '--json', 'carState', '-n', '1'], timeout=30)
   assert r.returncode == 0, r.stderr
   assert json.loads(r.stdout)['carState']['vEgo'] == 20.5
+
+def stderr_line(p: subprocess.Popen, timeout: float) -> str:
+  """The process's next stderr line, or '' if none came within timeout."""
+  ready, _, _ = select.select([p.stderr], [], [], timeout)
+  return p.stderr.readline() if ready else ''
+
+def test_dump_says_once_what_it_waits_for(publisher):
+  """Nothing of a service within a few seconds: one stderr line names it and where it is listened for, and modeld-dump
+  goes on waiting (a missing publisher, a wrong --prefix or an unreachable --addr would otherwise look like a hang);
+  a service that is received is not named, and stdout stays the messages alone."""
+  nobody = f"nobody{uuid.uuid4().hex[:8]}"
+  procs = [start([BIN / 'modeld-dump', '--prefix', nobody, 'modelV2'], os.environ),
+           start([BIN / 'modeld-dump', '--prefix', nobody, '--addr', '127.0.1.1', 'modelV2', 'carState'], os.environ),
+           start([BIN / 'modeld-dump', '--prefix', publisher, '--json', 'modelV2', 'liveCalibration'], os.environ)]
+  try:
+    notes = [stderr_line(p, 30) for p in procs]
+    assert all(p.poll() is None for p in procs), "still waiting"
+  finally:
+    ends = [stop(p) for p in procs]
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setenv('OPENPILOT_PREFIX', nobody)
+    assert notes[0] == f"modeld-dump: no modelV2 message yet from this machine's stack (OPENPILOT_PREFIX='{nobody}', sockets in {runtime_dir()}); waiting\n"
+  assert notes[1] == "modeld-dump: no modelV2 or carState message yet from 127.0.1.1 over TCP (its publishers need MSGQ_TCP set); waiting\n"
+  assert notes[2].startswith("modeld-dump: no liveCalibration message yet from this machine's stack"), notes[2]
+  assert [p.returncode for p in procs] == [0, 0, 0] and [e[1] for e in ends] == ['', '', ''], ends   # one note each, and SIGINT ends it cleanly
+  assert ends[0][0] == ends[1][0] == '' and ends[2][0] and all(next(iter(json.loads(l))) == 'modelV2' for l in ends[2][0].splitlines()), ends[2][0][:300]
+  cleanup_prefix(nobody)
 
 def test_dump_usage_errors():
   r = run([BIN / 'modeld-dump', 'modelV2', 'fooState'])
