@@ -37,14 +37,16 @@ class Segments:
 
 class CameraRecorder(threading.Thread):
   """Encodes one VisionIPC stream into each segment's HEVC file of that camera; every encoded frame's EncodeIndex event
-  goes to `out` as (segment, service, bytes). Frames not recorded are counted: `torn` (camerad reused the buffer while
-  it was copied) and `out_of_order` (an id not after the last one of the same camera session; a restarted camerad
-  is a new session, numbering from 0 again)."""
+  goes to `out` as (segment, service, bytes). A frame is copied out of its buffer, then encoded from the copy. Frames
+  not recorded are counted: `behind` (camerad had reused the buffer before the recorder got to it: encoding is slower
+  than the camera, and the recorder fell more than camerad's --buffers frames behind), `torn` (reused while it was
+  copied) and `out_of_order` (an id not after the last one of the same camera session; a restarted camerad is a new
+  session, numbering from 0 again)."""
   def __init__(self, camera: str, server: str, route: RouteWriter, segments: Segments, out: queue.Queue, lossless: bool, stop: threading.Event):
     super().__init__(name=f"record-{camera}", daemon=True)
     self.camera, self.route, self.segments, self.out, self.lossless, self.stop = camera, route, segments, out, lossless, stop
     self.client = VisionIpcClient(server, CAMERAS[camera].stream, conflate=False)
-    self.frames = self.torn = self.out_of_order = self.encode_id = 0
+    self.frames = self.behind = self.torn = self.out_of_order = self.encode_id = 0
     self.connected = threading.Event()   # the client reached the camera server once
     self.error: BaseException | None = None
     self.segment: int | None = None   # the segment whose file is open
@@ -73,6 +75,9 @@ class CameraRecorder(threading.Thread):
         if buf.frame_id <= last:   # an id this session already had would make the route's index ambiguous
           self.out_of_order += 1
           continue
+        if buf.overwritten():   # gone before we got to it: not worth the copy, and not a tear but a recorder too slow
+          self.behind += 1
+          continue
         frame = picture(buf.array, buf.layout)
         if buf.overwritten():   # camerad reused the buffer while we copied: the copy may mix two frames
           self.torn += 1
@@ -95,7 +100,8 @@ def record(services: list[str], path: Path, segment_seconds: float, flush_second
            cameras: list[str] = (), server: str = "camerad", lossless: bool = False, stats_interval: float = 10.) -> dict[str, int]:
   """Record until stopped; returns the number of messages written per service. The stats (log line and STATUS=) count
   the messages written per service, `<service>_malformed` those not written, `video_connected` once per camera whose
-  stream is connected and `<camera>_video_torn`, `<camera>_video_out_of_order` its frames not recorded."""
+  stream is connected and `<camera>_video_behind`, `<camera>_video_torn`, `<camera>_video_out_of_order` its frames not
+  recorded (CameraRecorder says why)."""
   poller = messaging.Poller()
   socks = {s: messaging.sub_sock(s, poller=poller) for s in services}
   names = {sock.sock: s for s, sock in socks.items()}
@@ -138,7 +144,7 @@ def record(services: list[str], path: Path, segment_seconds: float, flush_second
           connected.add(r.camera)
           stats.count("video_connected")
           log.info("%s video: connected to %r", r.camera, server)
-        for key, n in (("video_torn", r.torn), ("video_out_of_order", r.out_of_order)):   # the thread's counts, into the stats
+        for key, n in (("video_behind", r.behind), ("video_torn", r.torn), ("video_out_of_order", r.out_of_order)):   # the thread's counts, into the stats
           if (new := n - stats.totals.get(k := f"{r.camera}_{key}", 0)) > 0: stats.count(k, new)
       if segments.update():
         for n in range(max(route.logs) + 1, segments.n + 1): route.open_segment(n)
@@ -167,7 +173,9 @@ def record(services: list[str], path: Path, segment_seconds: float, flush_second
   if malformed := [f"{s} {n}" for s in services if (n := stats.totals.get(f"{s}_malformed", 0))]:
     log.warning("malformed messages not recorded: %s", ", ".join(malformed))
   for r in recorders:
-    log.info("%s video: %d frames%s%s", r.camera, r.frames, f", {r.torn} torn frames dropped" if r.torn else "",
+    log.info("%s video: %d frames%s%s%s", r.camera, r.frames,
+             f", {r.behind} frames dropped as the encoder fell behind (fewer --video cameras, a lower camerad --fps; "
+             f"see docs/CAMERAD.md)" if r.behind else "", f", {r.torn} torn frames dropped" if r.torn else "",
              f", {r.out_of_order} frames out of order dropped" if r.out_of_order else "")
   return {k: n for k, n in stats.totals.items() if k in SERVICES}   # the per-service counters (not messages, video_connected)
 

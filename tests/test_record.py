@@ -161,6 +161,40 @@ def test_video_goes_on_after_camerad_restarts(tmp_path):
   first, second = ids[:starts[0]], ids[starts[0]:]
   assert len(first) >= 60 and len(second) >= 5 and second[0] < first[-1] - 30, (first, second)
 
+def test_video_frames_the_recorder_got_to_too_late_are_counted_behind(tmp_path):
+  """A burst of frames into 2 buffers, far faster than they encode: the recorder gets to most after camerad reused their
+  buffer. Those are counted `behind`, not copied and not recorded; every frame recorded holds its own picture (lossless
+  video, each frame a different grey), and each frame is recorded, behind or torn, never two of these."""
+  import av
+  from cereal.services import CAMERAS
+  from msgq.visionipc import ROAD, VisionIpcServer
+  n, route = 40, tmp_path / "route"
+  server = VisionIpcServer("camerad")
+  server.create_buffers(ROAD, 2, 320, 240)
+  server.start_listener()
+  p, notify = start_recorder("--route", route, "--video", "road", "--lossless", "carState")
+  try:
+    notify.wait_count("video_connected", 1)
+    for i in range(n):
+      buf = server.get_free_buffer(ROAD)
+      buf.array[:] = 128
+      buf.array[:buf.uv_offset] = 5 * i
+      server.publish(ROAD, buf, i)
+    notify.wait_count("road_video_behind", 1)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    behind, torn = notify.count("road_video_behind"), notify.count("road_video_torn")
+  finally:
+    if p.poll() is None: p.kill()
+    notify.close()
+    server.close()
+  ids = [ev.roadEncodeIdx.frameId for ev in LogReader(route) if ev.which() == "roadEncodeIdx"]
+  with av.open(str(route / f"{route.name}--0" / CAMERAS["road"].video)) as c:
+    greys = [round(float(f.to_ndarray(format="yuv420p")[:240].mean())) for f in c.decode(video=0)]   # the Y plane
+  assert ids == sorted(set(ids)) and len(ids) + behind + torn <= n and behind >= n // 2, (ids, behind, torn)
+  assert greys == [5 * i for i in ids], (greys, ids)
+
 def write_log(path: Path, msgs: list[bytes], flush_every: int = 7, close: bool = True) -> None:
   """A log as the recorder writes it: zstd frames ended every few messages; closed (one frame) or as a crash leaves it."""
   w = LogFile(path)
