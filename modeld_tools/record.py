@@ -194,12 +194,15 @@ def main(argv: list[str] | None = None) -> int:
   ap.add_argument("--lossless", action="store_true", help="lossless HEVC: a replay serves the very same pixels (larger files)")
   ap.add_argument("--camerad-name", default="camerad", help="VisionIPC server name to record from (default: camerad)")
   ap.add_argument("--stats-interval", type=float, default=10., metavar="S", help="seconds between stats log lines and STATUS= updates (default 10)")
-  ap.add_argument("--log-level", default="INFO")
+  ap.add_argument("--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                  help="DEBUG, INFO, WARNING or ERROR (default: INFO)")
   args = ap.parse_args(argv)
   if bad := [s for s in args.services if s not in SERVICES]: ap.error(f"unknown services {bad}; known: {', '.join(SERVICES)}")
   cameras = args.video.split(",") if args.video else []
   if bad := [c for c in cameras if c not in CAMERAS]: ap.error(f"--video: expected cameras among road, wide, driver; got {bad}")
   if args.segment_seconds <= 0 or args.flush_seconds <= 0: ap.error("--segment-seconds and --flush-seconds must be > 0")
+  if args.seconds is not None and not args.seconds > 0: ap.error(f"--seconds: expected S > 0, got {args.seconds}")
+  if not args.stats_interval >= 0: ap.error(f"--stats-interval: expected S >= 0, got {args.stats_interval}")
   setup_logging(args.log_level)
   set_process_title("modeld-record")
   stop, path = StopFlag(), args.route or args.out / datetime.now().strftime("%Y-%m-%d--%H-%M-%S")

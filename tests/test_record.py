@@ -411,6 +411,10 @@ def test_record_cli_errors(tmp_path):
   assert r.returncode == 2 and "unknown services ['notAService']" in r.stderr
   r = run("--video", "rear")
   assert r.returncode == 2 and "--video" in r.stderr
+  for args, msg in ((["--seconds", "0"], "--seconds: expected S > 0, got 0.0"), (["--stats-interval", "-1"], "--stats-interval: expected S >= 0, got -1.0"),
+                    (["--log-level", "loud"], "invalid choice: 'LOUD'")):
+    r = run(*args)
+    assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
   (tmp_path / "r" / "r--0").mkdir(parents=True)
   r = run("--route", tmp_path / "r", "--seconds", "0.1")
   assert r.returncode == 1 and "already has segments" in r.stderr
