@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 import numpy as np
+from modeld_service.extras import needs_extra
 
 # the default scene: 12 s that repeat seamlessly (every track has period 12 s), so camerad loops it and frame f shows
 # scene frame f % 240: a curve; a lead that appears, then closes in and falls back on the straight (a near lead on a
@@ -301,6 +302,8 @@ def cleanup_runtime_dir() -> None:
 
 def main(argv: list[str] | None = None) -> int:
   args = parse_args(argv)
+  with needs_extra('modeld-demo', 'tools'):   # before anything is built or written: the stack it starts needs them
+    import camerad.main, modeld_tools.record, modeld_tools.overlay  # noqa: F401
   from camerad.scene import load_scene, parse_scene, SceneError
   try: scene = parse_scene(DEMO_SCENE, 'demo') if args.scene == 'demo' else load_scene(args.scene)
   except (OSError, SceneError) as e:
