@@ -145,7 +145,8 @@ def test_modeld_replay_serves_the_artifacts_layout_and_leaves_nothing_when_it_fa
   assert r.returncode == 1 and str(tmp_path / "nothing") in r.stderr and not (tmp_path / "none").exists(), r.stderr
   for family in ("road", "dm"):   # manifests of another camera size alone (the layout check reads nothing else)
     manifest = json.loads((aligned / family / "manifest.json").read_text())
-    manifest["jits"][warp_name(str(UNSERVED_LAYOUT))] = manifest["jits"].pop(warp_name(manifest["layouts"][0]))
+    warp = manifest["jits"][warp_name(str(UNSERVED_LAYOUT))] = manifest["jits"].pop(warp_name(manifest["layouts"][0]))
+    next(i for i in warp["inputs"] if i["name"] == "frame")["layout"] = str(UNSERVED_LAYOUT)
     manifest["layouts"] = [str(UNSERVED_LAYOUT)]
     (tmp_path / "other" / family).mkdir(parents=True)
     (tmp_path / "other" / family / "manifest.json").write_text(json.dumps(manifest))
