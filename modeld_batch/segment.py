@@ -8,8 +8,9 @@ and counted, as camerad does. Frames go straight into host buffers of a layout t
 dmonitoringd's DriverModel (runner, guard, copy-out, parse, fill), with fresh history at the segment's start. What a
 daemon would publish for a frame is taken in from the next frame on, as the daemons see each other's outputs (modeld
 reads dmonitoringd's isRHD). The outputs, the input camera states and the segment's EncodeIdx events go to
-<out>/rlog.zst, the videos are linked beside it (so modeld-overlay and camerad take the output as a route), all under
-a temporary name renamed when complete.
+<out>/rlog.zst on the source's clock (each frame's messages at the time its camera state was recorded), the videos are
+linked beside it (so modeld-overlay and camerad take the output as a route), all under a temporary name renamed when
+complete.
 """
 from __future__ import annotations
 import logging, math, os, shutil, time, traceback
@@ -49,7 +50,7 @@ class Runners:
 def replay_segment(src: str, out: str, runners: Runners) -> dict:
   """Run segment src through the daemons' frame models; returns its counts."""
   from cereal import messaging
-  from cereal.services import ANSWERS, CAMERA_STATE_SERVICES, CAMERAS, road_streams
+  from cereal.services import ANSWERS, CAMERA_STATE_SERVICES, CAMERAS, STREAM_OF_STATE, road_streams
   from camerad.sources import LogSource
   from camerad.main import FrameWriter, artifact_layouts, camera_state
   from modeld_service import Stats
@@ -72,10 +73,18 @@ def replay_segment(src: str, out: str, runners: Runners) -> dict:
   tmp.mkdir(parents=True)
   for c in CAMERAS.values():
     if (v := Path(src) / c.video).is_file(): os.symlink(v.resolve(), tmp / c.video)
-  rlog = LogFile(tmp / "rlog.zst")
-  rlog.write(init_data())
+  # the output is on the source's clock, as the EncodeIdx events it copies: each frame's camera states and outputs at
+  # the time its camera state was recorded, initData at the segment's start. So the output spans the source segment's
+  # time and lines up with it (plots, overlays), whenever and however fast the batch ran.
+  recorded, encode_idx, t_start = {}, [], None   # recorded: (stream, recorded frame id) -> logMonoTime of its camera state
   for dat, ev in LogReader(segment_log(Path(src), "a")).raw():
-    if ev.which() in ENCODE_IDX_OF: rlog.write(dat)
+    t_start = ev.logMonoTime if t_start is None else min(t_start, ev.logMonoTime)
+    if (w := ev.which()) in ENCODE_IDX_OF: encode_idx.append(dat)
+    elif (s := STREAM_OF_STATE.get(w)) is not None: recorded[s, getattr(ev, w).frameId] = ev.logMonoTime
+  init = messaging.log_from_bytes(init_data()).as_builder()
+  init.logMonoTime = t_start
+  rlog = LogFile(tmp / "rlog.zst")
+  for dat in (init.to_bytes(), *encode_idx): rlog.write(dat)
   writer, bufs = FrameWriter(source, lockstep=True), {s: runners.buf(s, l) for s, l in layouts.items()}
   frames, invalid, model_s, last, pending, served = 0, 0, 0., {}, [], dict.fromkeys(layouts, 0)
   for tick in source.ticks():
@@ -86,12 +95,15 @@ def replay_segment(src: str, out: str, runners: Runners) -> dict:
     for s, (fid, sof, eof) in sent.items():
       served[s] += 1
       last[s] = Frame(bufs[s], fid, sof, eof)
-    msgs = [(svc, camera_state(svc, fid, tick.index, sof, eof, 0., source.sensor[s], tick.states[s]))
+    t = {s: recorded[s, tick.states[s].frameId] for s in sent}
+    msgs = [(svc, camera_state(svc, fid, tick.index, sof, eof, 0., source.sensor[s], tick.states[s]), t[s])
             for s, (fid, sof, eof) in sent.items() for svc in [CAMERA_STATE_SERVICES[s]]]
-    if road and streams[0] in sent: msgs += road.step(*(last.get(s, last[streams[0]]) for s in (streams[0], streams[-1])))
-    if dm and DRIVER in sent: msgs += dm.step(last[DRIVER])
+    if road and streams[0] in sent:
+      msgs += [(svc, m, t[streams[0]]) for svc, m in road.step(*(last.get(s, last[streams[0]]) for s in (streams[0], streams[-1])))]
+    if dm and DRIVER in sent: msgs += [(svc, m, t[DRIVER]) for svc, m in dm.step(last[DRIVER])]
     frame_invalid = False   # a frame counts once, however many of its outputs are invalid
-    for svc, msg in msgs:
+    for svc, msg, msg_t in msgs:
+      msg.logMonoTime = msg_t
       rlog.write(dat := msg.to_bytes())
       pending.append(ev := messaging.log_from_bytes(dat))
       if svc in ANSWERS:

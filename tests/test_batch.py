@@ -2,6 +2,7 @@
 road camera included), the artifacts' buffer layouts, retries of a killed worker, a corrupt segment reported while
 the rest finish, Ctrl-C and --resume, diff, and the errors a user meets first."""
 import json, os, shutil, signal, subprocess, sys, time, uuid
+from collections import Counter
 from pathlib import Path
 import pytest
 from tests.artifacts import ALT_LAYOUT, CACHE, REPO, UNSERVED_LAYOUT, build
@@ -126,6 +127,38 @@ def test_batch_equals_the_daemons_in_lockstep(route, gap_routes, tiny_artifacts,
     ids = [m["frameId"] for _, m in out["modelV2"]]
     assert ids == list(range(ids[0], ids[0] + len(ids))), (seg.name, ids)   # consecutive across the gap, as lockstep serves them
     for svc in out: assert live[svc] == out[svc], f"{seg.name} {svc}"
+
+def test_outputs_are_on_the_recorded_clock(routes, tiny_artifacts, tmp_path):
+  """An output segment is on its source's clock, as its EncodeIdx events are: every event within the source segment's
+  time span, each camera state at the time its frame's state was recorded, each output at the time of the frame it
+  answers (so plots and overlays line the outputs up with the source route, however long after it the batch ran)."""
+  assert batch(routes[0], "--artifacts", tiny_artifacts, "--out", tmp_path / "out").returncode == 0
+  for src in sorted(routes[0].iterdir()):
+    recorded = {(ev.which(), getattr(ev, ev.which()).frameId): ev.logMonoTime for ev in LogReader(log_files(src, "a"))
+                if ev.which() in STATES.values()}
+    times = [ev.logMonoTime for ev in LogReader(log_files(src, "a"))]
+    span = (min(times), max(times))
+    evs = list(LogReader(log_files(tmp_path / "out" / "a" / src.name, "a")))
+    assert evs[0].which() == "initData" and evs[0].logMonoTime == span[0], (evs[0].which(), evs[0].logMonoTime, span)
+    outside = [(ev.which(), ev.logMonoTime) for ev in evs if not span[0] <= ev.logMonoTime <= span[1]]
+    assert not outside, f"{src.name}: expected every event within the source's {span}, got {outside[:5]} ({len(outside)} outside)"
+    frame_t = {}   # (camera state service, output frame id) -> its time
+    for ev in evs:
+      if (w := ev.which()) in STATES.values():
+        st = getattr(ev, w)
+        assert ev.logMonoTime == recorded[w, st.frameIdSensor], (src.name, w, st.frameIdSensor)
+        frame_t[w, st.frameId] = ev.logMonoTime
+    answers = {**dict.fromkeys(ROAD_OUT, "roadCameraState"), "driverStateV2": "driverCameraState"}
+    got, last_driver = Counter(), None
+    for ev in evs:
+      if (w := ev.which()) in answers:
+        assert ev.logMonoTime == frame_t[answers[w], getattr(ev, w).frameId], (src.name, w, getattr(ev, w).frameId)
+        got[w] += 1
+      elif w == "driverMonitoringState":   # no frame id: it follows its driverStateV2, at its time
+        got[w] += 1
+        assert ev.logMonoTime == last_driver, (src.name, ev.logMonoTime, last_driver)
+      if w == "driverStateV2": last_driver = ev.logMonoTime
+    assert got == dict.fromkeys((*ROAD_OUT, *DRIVER_OUT), FRAMES), (src.name, got)
 
 def test_outputs_that_cannot_be_parsed_are_counted(routes, tmp_path):
   """A driver-monitoring model whose outputs the daemon cannot parse (its manifest's face_descs_lhd slice 10 wide):
