@@ -94,6 +94,9 @@ def run(args) -> int:
   for j in jobs:
     summary[j.route].segments += 1
     if j.out in done: summary[j.route].resumed += 1
+  if not todo:   # --resume after a complete run: nothing for Ray and the workers to start for
+    report(summary, out, dict.fromkeys(("wall_s", "ray_s", "start_s", "job_s"), 0.))
+    return 0
   local = {} if args.address else {"num_cpus": args.workers or os.cpu_count() or 1, "include_dashboard": False}
   t0 = t_ray = time.monotonic()
   ray_s, workers, pending, queue, interrupted, t1 = 0., [], {}, list(todo), False, None
@@ -152,8 +155,12 @@ def report(summary: dict[str, RouteSummary], out: Path, times: dict[str, float])
     rows.append(f"{s.route[:40]:40s} {s.segments:8d} {s.done:5d} {s.resumed:7d} {len(s.errors):6d} {s.frames:7d} {s.invalid:7d} {s.bad_output:7d} "
                 f"{s.lost:5d} {s.model_s:8.1f} {s.wall_s:7.1f}")
     rows += [f"  failed: {e}" for e in s.errors] + [f"  lost {n}: {why}" for why, n in Counter(s.lost_why).most_common()]
+  if all(s.resumed == s.segments for s in summary.values()):
+    rows.append(f"nothing to run: all {sum(s.segments for s in summary.values())} segments were already done (--resume)")
+  else:
+    rows.append(f"wall time {times['wall_s']:.1f} s: Ray {times['ray_s']:.1f} s, workers' start {times['start_s']:.1f} s, "
+                f"segments {times['job_s']:.1f} s")
   print("\n".join(rows))
-  print(f"wall time {times['wall_s']:.1f} s: Ray {times['ray_s']:.1f} s, workers' start {times['start_s']:.1f} s, segments {times['job_s']:.1f} s")
   out.mkdir(parents=True, exist_ok=True)
   (out / "summary.json").write_text(json.dumps({**times, "routes": [asdict(s) for s in summary.values()]}, indent=1))
 

@@ -272,6 +272,26 @@ def test_diff_reports_what_it_cannot_compare(routes, tiny_artifacts, tmp_path):
   r = diff(tmp_path / "one", tmp_path / "nowhere")
   assert r.returncode == 1 and f"no such folder: {tmp_path / 'nowhere'}" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
+@pytest.fixture(scope="module")
+def one_segment(routes, tiny_artifacts, tmp_path_factory) -> Path:
+  """A complete batch output of one segment."""
+  out = tmp_path_factory.mktemp("one") / "out"
+  r = batch(f"{routes[1]}/-1", "--artifacts", tiny_artifacts, "--out", out)
+  assert r.returncode == 0, r.stderr
+  return out
+
+def test_resume_with_everything_done_starts_nothing(routes, tiny_artifacts, one_segment, tmp_path):
+  """--resume where every segment is complete: no Ray and no worker started (their times are 0), the summary says
+  so, exit 0."""
+  shutil.copytree(one_segment, out := tmp_path / "out", symlinks=True)
+  r = batch(f"{routes[1]}/-1", "--artifacts", tiny_artifacts, "--out", out, "--resume")
+  assert r.returncode == 0, r.stderr
+  summary = json.loads((out / "summary.json").read_text())
+  assert {k: summary[k] for k in ("ray_s", "start_s", "job_s")} == dict.fromkeys(("ray_s", "start_s", "job_s"), 0), summary
+  (s,) = summary["routes"]
+  assert (s["segments"], s["resumed"], s["done"], s["errors"]) == (1, 1, 0, []), s
+  assert "all 1 segments were already done" in r.stdout, r.stdout
+
 def test_artifacts_for_other_cameras_are_refused_before_ray_starts(routes, tiny_artifacts, tmp_path):
   """Artifacts with no layout of a route's camera size: exit 1 before Ray starts, naming the camera, its size, the
   artifact's layouts and the command that adds one (the check reads the manifests alone)."""
