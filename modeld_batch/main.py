@@ -160,9 +160,15 @@ def report(summary: dict[str, RouteSummary], out: Path, times: dict[str, float])
   else:
     rows.append(f"wall time {times['wall_s']:.1f} s: Ray {times['ray_s']:.1f} s, workers' start {times['start_s']:.1f} s, "
                 f"segments {times['job_s']:.1f} s")
-  print("\n".join(rows))
-  out.mkdir(parents=True, exist_ok=True)
+  out.mkdir(parents=True, exist_ok=True)   # the file first: a terminal's reader that leaves early (| head) cannot lose it
   (out / "summary.json").write_text(json.dumps({**times, "routes": [asdict(s) for s in summary.values()]}, indent=1))
+  try: print("\n".join(rows), flush=True)
+  except BrokenPipeError: reader_left()
+
+def reader_left() -> None:
+  """stdout's reader has gone (`modeld-batch ... | head`): what is left to print goes nowhere, quietly, and the
+  command goes on (and keeps its exit status)."""
+  os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 def diff(args) -> int:
   from modeld_tools.compare import compare, route_outputs, table
@@ -186,8 +192,7 @@ def diff(args) -> int:
     if worst and worst[0] > 0: print(f"  look at it: modeld-overlay {b / r} --start {worst[1]} --frames 1 --out {r}-{worst[1]}/")
   return 0
 
-@needs_extra("modeld-batch", "batch")   # Ray and tqdm, and for the routes PyAV and zstandard: imported as they are needed
-def main(argv: list[str] | None = None) -> int:
+def cli(argv: list[str] | None) -> int:
   argv = sys.argv[1:] if argv is None else argv
   if argv[:1] == ["diff"]:
     ap = argparse.ArgumentParser(prog="modeld-batch diff", description="Compare two batch outputs (say, two model versions) per route and field.")
@@ -213,6 +218,15 @@ def main(argv: list[str] | None = None) -> int:
   except (OSError, ValueError) as e:
     print(f"modeld-batch: {e}", file=sys.stderr)
     return 1
+
+@needs_extra("modeld-batch", "batch")   # Ray and tqdm, and for the routes PyAV and zstandard: imported as they are needed
+def main(argv: list[str] | None = None) -> int:
+  try:
+    try: return cli(argv)
+    finally: sys.stdout.flush()   # a reader that left shows here, not as an error Python prints at exit
+  except BrokenPipeError:   # diff's or --help's reader (the job's summary handles its own, to keep the job's status)
+    reader_left()
+    return 0
 
 if __name__ == "__main__":
   sys.exit(main())

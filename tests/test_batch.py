@@ -292,6 +292,31 @@ def test_resume_with_everything_done_starts_nothing(routes, tiny_artifacts, one_
   assert (s["segments"], s["resumed"], s["done"], s["errors"]) == (1, 1, 0, []), s
   assert "all 1 segments were already done" in r.stdout, r.stdout
 
+def to_closed_pipe(*args: object, buffered: bool) -> subprocess.CompletedProcess:
+  """modeld-batch with its stdout a pipe whose reader is gone before it writes (`| head` that has read enough).
+  buffered: stdout buffered, as Python has it on a pipe (the error comes when the buffer is written, at the latest at
+  exit), or unbuffered (PYTHONUNBUFFERED=1: at each print)."""
+  rd, wr = os.pipe()
+  os.close(rd)
+  env = {k: v for k, v in ENV.items() if k != "PYTHONUNBUFFERED"} | ({} if buffered else {"PYTHONUNBUFFERED": "1"})
+  try: return subprocess.run([sys.executable, "-m", "modeld_batch", *map(str, args)], cwd=REPO, stdout=wr, stderr=subprocess.PIPE,
+                             text=True, env=env, timeout=120)
+  finally: os.close(wr)
+
+@pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
+def test_a_reader_that_leaves_ends_the_output_quietly(buffered, routes, tiny_artifacts, one_segment, tmp_path):
+  """`modeld-batch ... | head`: each command that prints to stdout (diff, --help, a job's summary) ends without an
+  error when its reader has gone; the job keeps its exit status and writes its summary.json all the same."""
+  r = to_closed_pipe("diff", one_segment, one_segment, "--top", 2, buffered=buffered)
+  assert (r.returncode, r.stderr) == (0, ""), r.stderr
+  r = to_closed_pipe("--help", buffered=buffered)
+  assert (r.returncode, r.stderr) == (0, ""), r.stderr
+  shutil.copytree(one_segment, out := tmp_path / "out", symlinks=True)
+  (out / "summary.json").unlink()
+  r = to_closed_pipe(f"{routes[1]}/-1", "--artifacts", tiny_artifacts, "--out", out, "--resume", buffered=buffered)
+  assert (r.returncode, r.stderr) == (0, ""), r.stderr
+  assert json.loads((out / "summary.json").read_text())["routes"][0]["resumed"] == 1
+
 def test_artifacts_for_other_cameras_are_refused_before_ray_starts(routes, tiny_artifacts, tmp_path):
   """Artifacts with no layout of a route's camera size: exit 1 before Ray starts, naming the camera, its size, the
   artifact's layouts and the command that adds one (the check reads the manifests alone)."""
