@@ -11,13 +11,16 @@ with --workers workers (default: one per core); with it, the job joins that clus
 must be paths every node reads, this machine included (a shared file system).
 """
 from __future__ import annotations
-import argparse, json, os, shutil, sys, time
+import argparse, json, os, shutil, socket, sys, time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from modeld_service.extras import needs_extra
 
 RETRIES = 3   # a segment whose worker died (killed, out of memory) is run again this often on a new worker
+# how long --address gets to accept a connection: ray.init() would retry an address where nothing listens for many
+# minutes, in native code that holds off SIGTERM and Ctrl-C; this check waits in Python, where both stop it
+CONNECT_TIMEOUT_S = 10.
 
 @dataclass
 class Job:
@@ -79,6 +82,29 @@ def check_layouts(jobs: list[Job], arts: dict) -> None:
     try: artifact_layouts(arts, sizes)
     except ValueError as e: raise ValueError(f"{j.src}: {e}") from None
 
+def cluster_endpoint(address: str) -> tuple[str, int]:
+  """The host and port ray.init(address=...) connects to, found as Ray finds them: auto is RAY_ADDRESS or the Ray
+  running on this machine; a ray:// address is a Ray Client server (port 10001 unless given); localhost becomes this
+  node's IP address. ConnectionError where auto finds no cluster."""
+  from ray._private.services import canonicalize_bootstrap_address_or_die
+  if address == "auto" and os.environ.get("RAY_ADDRESS"): address = os.environ["RAY_ADDRESS"]
+  if "://" in address: hostport, default = address.split("://", 1)[1].rstrip("/"), "10001"
+  else: hostport, default = canonicalize_bootstrap_address_or_die(address), None
+  host, sep, port = hostport.rpartition(":")
+  if not sep and default: host, port = hostport, default
+  if not host or not port.isdigit(): raise ValueError(f"--address: expected HOST:PORT, auto or ray://HOST[:PORT], got {address!r}")
+  return host, int(port)
+
+def check_cluster(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
+  """ConnectionError naming the address unless something accepts a connection where Ray would connect for it within
+  timeout seconds (a cluster there is then up to ray.init to find)."""
+  host, port = cluster_endpoint(address)
+  seen_as = "" if address == f"{host}:{port}" else f" (Ray connects to it as {host}:{port})"
+  try: socket.create_connection((host, port), timeout=timeout).close()
+  except OSError as e:
+    raise ConnectionError(f"no Ray cluster answers at {address}{seen_as}: {e.strerror or f'no answer in {timeout:.0f} s'}; "
+                          "start one there (ray start --head) or give its address") from None
+
 def run(args) -> int:
   import ray
   from tqdm import tqdm
@@ -105,8 +131,12 @@ def run(args) -> int:
     # workers run where Ray puts them: they get the artifact's tinygrad device from here, not from their node's default
     device = args.device or arts["road"].manifest["target"]["device"]
     check_layouts(todo, arts)
+    if args.address: check_cluster(args.address)
     t_ray = time.monotonic()
-    ray.init(address=args.address, log_to_driver=False, runtime_env={"env_vars": {"DEV": device}}, **local)
+    try: ray.init(address=args.address, log_to_driver=False, runtime_env={"env_vars": {"DEV": device}}, **local)
+    except (ConnectionError, RuntimeError) as e:
+      if not args.address: raise
+      raise ConnectionError(f"could not join the Ray cluster at {args.address}: {str(e).strip().splitlines()[0][:300]}") from None
     n_workers = args.workers or int(ray.cluster_resources().get("CPU", 1))
     print(f"ray: {'joined ' + args.address if args.address else 'local'}, {n_workers} workers in {(ray_s := time.monotonic() - t_ray):.1f} s", file=sys.stderr)
     workers = [SegmentWorker.options(num_cpus=1, max_restarts=-1, max_task_retries=RETRIES).remote(str(args.artifacts))

@@ -1,7 +1,7 @@
 """modeld-batch on a real local Ray: the same outputs as the live daemons in lockstep (missing frames and the wide
 road camera included), the artifacts' buffer layouts, retries of a killed worker, a corrupt segment reported while
 the rest finish, Ctrl-C and --resume, diff, and the errors a user meets first."""
-import json, os, shutil, signal, subprocess, sys, time, uuid
+import json, os, shutil, signal, socket, subprocess, sys, time, uuid
 from collections import Counter
 from pathlib import Path
 import pytest
@@ -316,6 +316,60 @@ def test_a_reader_that_leaves_ends_the_output_quietly(buffered, routes, tiny_art
   r = to_closed_pipe(f"{routes[1]}/-1", "--artifacts", tiny_artifacts, "--out", out, "--resume", buffered=buffered)
   assert (r.returncode, r.stderr) == (0, ""), r.stderr
   assert json.loads((out / "summary.json").read_text())["routes"][0]["resumed"] == 1
+
+def free_port() -> int:
+  """A TCP port nothing listens on (the kernel's pick for a socket closed at once)."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+def test_an_unreachable_cluster_is_an_error_naming_it(routes, tiny_artifacts, tmp_path):
+  """--address where nothing listens: exit 1 at once with the address named, not Ray retrying it for minutes."""
+  address = f"127.0.0.1:{free_port()}"
+  r = batch(routes[0], "--artifacts", tiny_artifacts, "--out", tmp_path / "out", "--address", address, timeout=60)
+  assert r.returncode == 1 and f"no Ray cluster answers at {address}" in r.stderr, r.stderr
+  assert not (tmp_path / "out").exists()
+
+def syn_sent_to(port: int) -> bool:
+  """A TCP connection to port on its way (SYN sent, no answer yet), from any process, over IPv4 or IPv6 (Ray's own
+  connections are IPv6 sockets): state 02 in /proc/net/tcp or tcp6."""
+  lines = [l for f in ("tcp", "tcp6") for l in Path(f"/proc/net/{f}").read_text().splitlines()[1:]]
+  return any(f[3] == "02" and int(f[2].split(":")[1], 16) == port for f in map(str.split, lines))
+
+@pytest.mark.parametrize("sig, rc", [(signal.SIGTERM, -signal.SIGTERM), (signal.SIGINT, 130)])
+def test_sigterm_and_ctrl_c_stop_the_wait_for_a_cluster(sig, rc, routes, tiny_artifacts, tmp_path):
+  """An address that never answers (a listener whose queue is full drops the connection's SYN): the job waits for it at
+  most CONNECT_TIMEOUT_S, and SIGTERM (as `timeout` or systemd send it) or Ctrl-C ends the wait at once: killed by the
+  signal, or exit 130, not the error the wait would end in (exit 1)."""
+  from modeld_batch.main import CONNECT_TIMEOUT_S
+  with socket.socket() as listener:
+    listener.bind(("0.0.0.0", 0))   # all addresses: Ray takes 127.0.0.1 for this node's own IP address
+    listener.listen(0)
+    port, queued = listener.getsockname()[1], []
+    while True:   # fill the accept queue: from then on the kernel drops new connections' SYNs
+      c = socket.socket()
+      c.settimeout(0.5)
+      try: c.connect(("127.0.0.1", port))
+      except TimeoutError:
+        c.close()   # no longer a connection on its way: the only one from now on is the job's
+        break
+      queued.append(c)
+    p = start_batch(routes[0], "--artifacts", tiny_artifacts, "--out", tmp_path / "out", "--address", f"127.0.0.1:{port}")
+    try:
+      deadline = time.monotonic() + 60
+      while not syn_sent_to(port):
+        assert p.poll() is None, p.communicate()   # it ended: its output says why
+        assert time.monotonic() < deadline, f"expected a connection to port {port} within 60 s, got none"
+        time.sleep(0.01)
+      t = time.monotonic()
+      if sig == signal.SIGINT: os.killpg(p.pid, sig)   # a terminal's Ctrl-C, to the whole process group
+      else: p.send_signal(sig)
+      out, err = p.communicate(timeout=60)
+    finally:
+      if p.poll() is None: p.kill()
+      for c in queued: c.close()
+  assert p.returncode == rc, (p.returncode, err)
+  assert time.monotonic() - t < CONNECT_TIMEOUT_S, err
 
 def test_artifacts_for_other_cameras_are_refused_before_ray_starts(routes, tiny_artifacts, tmp_path):
   """Artifacts with no layout of a route's camera size: exit 1 before Ray starts, naming the camera, its size, the
