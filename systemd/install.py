@@ -3,14 +3,20 @@
 Run by `make install-services` (see systemd/README.md). ExecStart points at the console scripts of the
 virtual environment in `--bindir`; `--destdir` stages everything under another root (packaging, tests) and never
 reloads systemd. The environment file is created once and never overwritten: it holds the user's settings.
+Nothing is installed where the services could not start: a console script, or the Python it runs (followed through
+its links and the venv's pyvenv.cfg), that the units' own sandboxing hides or that the service user cannot reach.
 """
-import argparse, os, re, subprocess, sys
+import argparse, os, re, stat, subprocess, sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 UNITS = ('camerad.service', 'modeld.service', 'dmonitoringd.service', 'modeld.target')
-# a venv under a home directory must stay readable to the services: ProtectHome=read-only instead of yes
+SCRIPTS = ('camerad', 'modeld', 'dmonitoringd')
+# a venv (or the Python it runs) under a home directory must stay readable to the services: ProtectHome=read-only
 HOME_ROOTS = ('/home', '/root', '/run/user')
+TMP_ROOTS = ('/tmp', '/var/tmp')   # what PrivateTmp= replaces with the service's own empty folders
+MOVE_CHECKOUT = "keep the checkout elsewhere (and run make setup there)"
+SYSTEM_PYTHON = "recreate the venv with a system Python (in the checkout: rm -rf .venv && PATH=/usr/bin:$PATH make setup)"
 
 def render(template: str, fields: dict[str, str | None]) -> str:
   """Replace each @KEY@; a line whose field is None is left out (e.g. User= when the services run as root)."""
@@ -24,9 +30,67 @@ def render(template: str, fields: dict[str, str | None]) -> str:
   if left := re.findall(r'@[A-Z_]+@', text): raise ValueError(f"template fields with no value: {', '.join(sorted(set(left)))}")
   return text
 
-def fields(bindir: Path, envfile: str, user: str | None) -> dict[str, str | None]:
-  protect_home = 'read-only' if any(str(bindir) == r or str(bindir).startswith(r + '/') for r in HOME_ROOTS) else 'yes'
+def under(path: Path, roots: tuple[str, ...]) -> str | None:
+  """The one of roots that path is (or is below), if any."""
+  return next((r for r in roots if str(path) == r or str(path).startswith(r + '/')), None)
+
+def fields(bindir: Path, envfile: str, user: str | None, python: tuple[Path, ...] = ()) -> dict[str, str | None]:
+  """The templates' fields. python: the paths the scripts' Python runs from (python_paths); like the venv, one under a
+  home directory needs the homes read-only rather than hidden."""
+  protect_home = 'read-only' if any(under(p, HOME_ROOTS) for p in [bindir, *python]) else 'yes'
   return {'BINDIR': str(bindir), 'ENVFILE': envfile, 'USER': user, 'PROTECT_HOME': protect_home}
+
+def shebang(script: Path) -> Path:
+  """The Python a console script runs: its #! line, or under #!/bin/sh the exec line pip writes instead when the path
+  is long or has a space. ValueError for a script that names no Python by an absolute path."""
+  with open(script, 'rb') as f: lines = f.read(4096).decode(errors='replace').splitlines()
+  first, exe = (lines or [''])[0], ''
+  if first.startswith('#!/bin/sh') and len(lines) > 1 and (m := re.match(r"'''exec' (\"[^\"]+\"|\S+)", lines[1])): exe = m.group(1).strip('"')
+  elif first.startswith('#!') and (words := first[2:].split()): exe = words[0]
+  if not os.path.isabs(exe): raise ValueError(f"{script}: expected a first line naming its Python by an absolute path, got {first[:100]!r}")
+  return Path(exe)
+
+def python_paths(bindir: Path) -> list[tuple[Path, str]]:
+  """What the console scripts of bindir need to start besides themselves, each with what it is: the Python their
+  first line names, each link on the way to its binary and the binary, and the base Python's folder that the venv's
+  pyvenv.cfg names (`home`: the standard library is found from it). ValueError for a Python that is not there."""
+  out: list[tuple[Path, str]] = []
+  for exe in dict.fromkeys(shebang(bindir / s) for s in SCRIPTS):
+    p, seen = exe, set()
+    while p.is_symlink():
+      if p in seen: raise ValueError(f"{exe}: the links loop at {p}")
+      seen.add(p)
+      out.append((p, "the venv's Python, a link"))
+      p = Path(os.path.normpath(p.parent / os.readlink(p)))
+    if not p.is_file():
+      raise ValueError(f"the scripts' Python {exe} leads to {p}, which is not there (was that Python removed?): "
+                       f"recreate the venv: rm -rf .venv && make setup")
+    out.append((p, "the venv's Python"))
+    for cfg in (exe.parent / 'pyvenv.cfg', exe.parent.parent / 'pyvenv.cfg'):   # where Python itself looks for it
+      if cfg.is_file():
+        keys = {k.strip(): v.strip() for k, _, v in (line.partition('=') for line in cfg.read_text().splitlines())}
+        if (home := keys.get('home')) and not Path(home).is_dir():
+          raise ValueError(f"{cfg} names the base Python's folder {home}, which is not there (was that Python removed?): "
+                           f"recreate the venv: rm -rf .venv && make setup")
+        if home: out.append((Path(home), f"the base Python's folder, home in {cfg}"))
+        break
+  return list(dict.fromkeys(out))
+
+def setting(unit: str, key: str) -> str:
+  """A setting of a unit's text as systemd takes it (the last assignment wins); '' where there is none."""
+  values = [v.strip() for k, eq, v in (line.partition('=') for line in unit.splitlines()) if eq and k.strip() == key]
+  return values[-1] if values else ''
+
+def hidden(path: Path, unit: str) -> str | None:
+  """Why the unit's own sandboxing keeps its service from path, or None: ProtectHome=yes makes the home directories
+  inaccessible and tmpfs empties them (read-only leaves them readable); PrivateTmp= gives the service empty /tmp and
+  /var/tmp of its own. The path as written and as it resolves: a link into /tmp is as hidden."""
+  for p in dict.fromkeys([path, path.resolve()]):
+    if (root := under(p, HOME_ROOTS)) and (v := setting(unit, 'ProtectHome')) in ('yes', 'true', 'on', '1', 'tmpfs'):
+      return f"ProtectHome={v} hides {root}"
+    if (root := under(p, TMP_ROOTS)) and (v := setting(unit, 'PrivateTmp')) not in ('', 'no', 'false', 'off', '0'):
+      return f"PrivateTmp={v} gives the service an empty {root} of its own"
+  return None
 
 def unreachable(path: Path, user: str | None) -> Path | None:
   """The first folder on the way to `path` that the services cannot enter: they run as `user` (or as root without
@@ -40,6 +104,26 @@ def unreachable(path: Path, user: str | None) -> Path | None:
     if not st.st_mode & bit: return d
   return None
 
+def problems(bindir: Path, python: list[tuple[Path, str]], units: dict[str, str], user: str | None, check_access: bool) -> list[str]:
+  """What would keep the services from starting, each naming the paths it concerns and what to do: a console script or
+  a path of their Python (python_paths) that the units' sandboxing hides, or (check_access) that the service user
+  cannot reach."""
+  found: dict[str, list[str]] = {}   # what and what to do -> the paths it concerns
+  for path, what in [*((bindir / s, 'a console script') for s in SCRIPTS), *python]:
+    checkout = under(path, (str(bindir.parent),)) is not None   # the venv itself: moving the checkout moves it
+    why: dict[str, list[str]] = {}
+    for name, text in units.items():
+      if (h := hidden(path, text)) is not None: why.setdefault(h, []).append(name)
+    for h, names in why.items():
+      found.setdefault(f"{h} ({', '.join(names)}), where the services would not find it: "
+                       f"{MOVE_CHECKOUT if checkout else 'install with a Python outside it: ' + SYSTEM_PYTHON}", []).append(f"{path} ({what})")
+    if check_access and (d := unreachable(path, user)) is not None:
+      st = d.stat()
+      found.setdefault(f"{user or 'root without capabilities'} cannot enter {d} (mode {stat.S_IMODE(st.st_mode):04o}, owner uid {st.st_uid}), "
+                       f"so the services could not start: allow it (chmod o+x {d}), or {MOVE_CHECKOUT if checkout else SYSTEM_PYTHON}",
+                       []).append(f"{path} ({what})")
+  return [f"{', '.join(paths)}: {why}" for why, paths in found.items()]
+
 def main(argv: list[str] | None = None) -> int:
   p = argparse.ArgumentParser(prog='install.py', description='Install the systemd units of camerad, modeld and dmonitoringd.')
   p.add_argument('--bindir', type=Path, default=Path(sys.executable).parent, help='folder of the console scripts (default: this Python\'s)')
@@ -50,23 +134,30 @@ def main(argv: list[str] | None = None) -> int:
   args = p.parse_args(argv)
 
   bindir = args.bindir.absolute()
-  missing = [b for b in ('camerad', 'modeld', 'dmonitoringd') if not os.access(bindir / b, os.X_OK)]
+  missing = [b for b in SCRIPTS if not os.access(bindir / b, os.X_OK)]
   if missing: p.error(f"{', '.join(missing)} not found in {bindir}: run `make setup` first (or give --bindir)")
   for name, path in (('--unitdir', args.unitdir), ('--envfile', args.envfile)):
     if not os.path.isabs(path): p.error(f"{name}: expected an absolute path, got {path!r}")
-  try:   # a staged install (--destdir) is for another root: its users and folders are not this machine's
-    if not args.destdir and (d := unreachable(bindir, args.user or None)) is not None:
-      print(f"warning: {d} is not searchable by {args.user or 'root without capabilities'}: the services cannot reach {bindir}; "
-            f"allow it (chmod o+x {d}) or keep the checkout elsewhere", file=sys.stderr)
-  except KeyError:
-    p.error(f"--user: no user {args.user!r} on this machine (create it first, e.g. useradd --system {args.user})")
+  if args.user and not args.destdir:   # a staged install is for another root, whose users need not be this machine's
+    import pwd
+    try: pwd.getpwnam(args.user)
+    except KeyError: p.error(f"--user: no user {args.user!r} on this machine (create it first, e.g. useradd --system {args.user})")
+  try: python = python_paths(bindir)
+  except (OSError, ValueError) as e:
+    print(f"install.py: nothing installed: {e}", file=sys.stderr)
+    return 1
+  f = fields(bindir, args.envfile, args.user or None, tuple(path for path, _ in python))
+  units = {u: render((HERE / u if (HERE / u).exists() else HERE / f"{u}.in").read_text(), f) for u in UNITS}
+  # the units name this machine's paths (bindir is never staged), so a staged install is checked against their
+  # sandboxing too; not for access: the users and folder permissions of the root it is staged for may differ
+  if found := problems(bindir, python, units, args.user or None, check_access=not args.destdir):
+    print("install.py: nothing installed, the services could not start:\n" + "\n".join(f"  - {x}" for x in found), file=sys.stderr)
+    return 1
   root = Path(args.destdir or '/')
   unitdir, envfile = root / args.unitdir.lstrip('/'), root / args.envfile.lstrip('/')
-  f = fields(bindir, args.envfile, args.user or None)
   unitdir.mkdir(parents=True, exist_ok=True)
-  for unit in UNITS:
-    src = HERE / unit if (HERE / unit).exists() else HERE / f"{unit}.in"
-    (unitdir / unit).write_text(render(src.read_text(), f))
+  for unit, text in units.items():
+    (unitdir / unit).write_text(text)
     (unitdir / unit).chmod(0o644)
     print(f"installed {unitdir / unit}")
   if envfile.exists(): print(f"kept {envfile} (your settings; the defaults are in {HERE / 'modeld.env'})")

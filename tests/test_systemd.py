@@ -14,8 +14,12 @@ spec = importlib.util.spec_from_file_location('systemd_install', REPO / 'systemd
 install = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(install)
 
-def run_install(destdir: Path, *args: str) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, str(REPO / 'systemd' / 'install.py'), '--bindir', str(BINDIR), '--destdir', str(destdir), *args],
+# what this venv's units get: read-only where the venv or the Python it runs (as Python itself tells: its binary and
+# its base installation) is under a home directory, which ProtectHome=yes would hide
+PROTECT_HOME = 'read-only' if any(install.under(Path(p), install.HOME_ROOTS) for p in (BINDIR, os.path.realpath(sys.executable), sys.base_prefix)) else 'yes'
+
+def run_install(destdir: Path, *args: str, bindir: Path = BINDIR, installer: Path = REPO / 'systemd' / 'install.py') -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, str(installer), '--bindir', str(bindir), '--destdir', str(destdir), *args],
                         capture_output=True, text=True, timeout=60)
 
 @pytest.fixture(scope='module')
@@ -77,15 +81,16 @@ def test_template_fields(staged, tmp_path):
     exe = shlex.split(d['ExecStart'][0])[0]
     assert exe == str(BINDIR / daemon) and os.access(exe, os.X_OK)
     assert d['EnvironmentFile'] == ['/etc/default/modeld']   # the path on the target, without DESTDIR
-    assert d['ProtectHome'] == ['yes'] and 'User' not in d
+    assert d['ProtectHome'] == [PROTECT_HOME] and 'User' not in d
     assert d['Type'] == ['notify'] and d['MemoryDenyWriteExecute'] == ['no']
   r = run_install(tmp_path, '--user', 'nobody', '--envfile', '/etc/modeld.conf', '--unitdir', '/usr/lib/systemd/system')
   assert r.returncode == 0, r.stderr
   d = directives((tmp_path / 'usr/lib/systemd/system/modeld.service').read_text())
   assert d['User'] == ['nobody'] and d['EnvironmentFile'] == ['/etc/modeld.conf'] and (tmp_path / 'etc/modeld.conf').is_file()
-  # a venv under a home directory stays readable to the services
+  # a venv under a home directory, or the Python it runs, stays readable to the services
   assert install.fields(Path('/home/u/tinymodeld/.venv/bin'), '/e', None)['PROTECT_HOME'] == 'read-only'
   assert install.fields(Path('/homework/.venv/bin'), '/e', None)['PROTECT_HOME'] == 'yes'
+  assert install.fields(Path('/opt/m/.venv/bin'), '/e', None, (Path('/root/.pyenv/versions/3.11.7/bin/python3.11'),))['PROTECT_HOME'] == 'read-only'
   with pytest.raises(ValueError, match='@NOPE@'): install.render('X=@NOPE@\n', {})
 
 def test_sandbox_block_identical(staged):
@@ -107,6 +112,125 @@ def test_installer_errors(tmp_path):
   r = subprocess.run([sys.executable, str(REPO / 'systemd/install.py'), '--bindir', str(BINDIR), '--envfile', 'rel/path', '--destdir', str(tmp_path)],
                      capture_output=True, text=True)
   assert r.returncode == 2 and 'absolute' in r.stderr
+
+# ---- where the services could not start: the installer follows the scripts to their Python and refuses (nothing
+# installed) what the units' sandboxing hides or the service user cannot reach
+
+def fake_venv(root: Path, base: Path, copies: bool = False) -> Path:
+  """root/.venv laid out as `python -m venv` lays it out from a Python installed at base (base/bin/python3.11 and the
+  link python3 to it, made here): console scripts whose first line names .venv/bin/python, python -> python3 -> the
+  base Python (copies: a file of its own, as --copies makes it) and pyvenv.cfg naming the base's bin folder. Returns
+  its bin folder. The installer only follows the paths: nothing here is run."""
+  (base / 'bin').mkdir(parents=True, exist_ok=True)
+  (base / 'bin/python3.11').write_bytes(b'')
+  (base / 'bin/python3.11').chmod(0o755)
+  if not (base / 'bin/python3').is_symlink(): (base / 'bin/python3').symlink_to('python3.11')
+  (bindir := root / '.venv/bin').mkdir(parents=True)
+  if copies: shutil.copy(base / 'bin/python3.11', bindir / 'python3')
+  else: (bindir / 'python3').symlink_to(base / 'bin/python3')
+  (bindir / 'python').symlink_to('python3')
+  (root / '.venv/pyvenv.cfg').write_text(f"home = {base / 'bin'}\ninclude-system-site-packages = false\nversion = 3.11.7\n")
+  for s in ('camerad', 'modeld', 'dmonitoringd'):
+    (bindir / s).write_text(f"#!{bindir / 'python'}\nimport sys\n")
+    (bindir / s).chmod(0o755)
+  return bindir
+
+@pytest.fixture
+def in_tmp():
+  """A folder under /tmp itself (wherever pytest keeps its own), which PrivateTmp=yes hides from the services."""
+  d = Path(tempfile.mkdtemp(dir='/tmp', prefix='modeld-install-'))
+  d.chmod(0o755)
+  yield d
+  shutil.rmtree(d)
+
+@pytest.fixture
+def beside_checkout():
+  """A folder beside this checkout's venv (under its .cache), which the units reach as they reach the checkout."""
+  (parent := REPO / '.cache').mkdir(exist_ok=True)
+  d = Path(tempfile.mkdtemp(dir=parent, prefix='modeld-install-'))
+  d.chmod(0o755)
+  yield d
+  shutil.rmtree(d)
+
+@pytest.mark.parametrize('copies', [False, True], ids=['links', 'copies'])
+def test_a_python_the_sandbox_hides_is_refused(copies, beside_checkout, in_tmp, tmp_path):
+  """The venv reachable, the Python it runs under /tmp (PrivateTmp=yes): refused, nothing staged, naming where the venv
+  leads (followed through its links to the binary; for a venv of copies, the base Python's folder its pyvenv.cfg
+  names), the setting and its units, and what to do."""
+  bindir = fake_venv(beside_checkout, base := in_tmp / 'pyenv/versions/3.11.7', copies)
+  r = run_install(tmp_path, bindir=bindir)
+  assert r.returncode == 1 and not list(tmp_path.iterdir()), r.stdout + r.stderr
+  led_to = f"{base / 'bin'} (the base Python's folder" if copies else f"{base / 'bin/python3.11'} (the venv's Python)"
+  assert led_to in r.stderr, r.stderr
+  assert "PrivateTmp=yes gives the service an empty /tmp of its own (camerad.service, modeld.service, dmonitoringd.service)" in r.stderr, r.stderr
+  assert "recreate the venv with a system Python" in r.stderr and str(bindir / 'modeld') not in r.stderr, r.stderr
+
+def test_a_checkout_under_tmp_is_refused(in_tmp, tmp_path):
+  """A checkout under /tmp: its console scripts are hidden from the services (PrivateTmp=yes): refused, nothing
+  staged, the scripts named, with the fix."""
+  bindir = fake_venv(in_tmp / 'checkout', in_tmp / 'python')
+  r = run_install(tmp_path, bindir=bindir)
+  assert r.returncode == 1 and not list(tmp_path.iterdir()), r.stdout + r.stderr
+  assert f"{bindir / 'modeld'} (a console script)" in r.stderr and "keep the checkout elsewhere" in r.stderr, r.stderr
+
+def test_the_sandbox_is_read_from_the_units(in_tmp, tmp_path):
+  """The settings checked are the units' own: the same /tmp checkout installs where the template says PrivateTmp=no."""
+  shutil.copytree(REPO / 'systemd', copy := tmp_path / 'systemd')
+  for t in copy.glob('*.service.in'): t.write_text(t.read_text().replace('PrivateTmp=yes', 'PrivateTmp=no'))
+  r = run_install(tmp_path / 'root', bindir=fake_venv(in_tmp / 'checkout', in_tmp / 'python'), installer=copy / 'install.py')
+  assert r.returncode == 0, r.stderr
+  assert directives(unit_text(tmp_path / 'root', 'modeld.service'))['PrivateTmp'] == ['no']
+
+def test_hidden_reads_protect_home_and_private_tmp():
+  """What each setting hides (systemd.exec(5)), the last assignment of a setting winning, as systemd reads a unit."""
+  def unit(home: str, tmp: str) -> str: return f"[Service]\nProtectHome={home}\nPrivateTmp={tmp}\n"
+  py = Path('/root/.pyenv/versions/3.11.7/bin/python3.11')
+  assert install.hidden(py, unit('yes', 'no')) == 'ProtectHome=yes hides /root'
+  assert install.hidden(Path('/home/u/m/.venv/bin/modeld'), unit('tmpfs', 'no')) == 'ProtectHome=tmpfs hides /home'
+  assert install.hidden(py, unit('read-only', 'no')) is None and install.hidden(Path('/homework/x'), unit('yes', 'no')) is None
+  assert install.hidden(Path('/var/tmp/m/.venv/bin/modeld'), unit('yes', 'yes')) == 'PrivateTmp=yes gives the service an empty /var/tmp of its own'
+  assert install.hidden(Path('/tmp/m/x'), unit('yes', 'no')) is None and install.hidden(Path('/tmpfs/x'), unit('yes', 'yes')) is None
+  assert install.hidden(Path('/tmp/m/x'), unit('yes', 'yes') + 'PrivateTmp=no\n') is None
+
+def test_pip_long_path_shebang(tmp_path):
+  """A script whose Python's path is too long for a #! line (or has a space), as pip writes it: #!/bin/sh and an
+  exec line; a script naming no Python is an error."""
+  (s := tmp_path / 'modeld').write_text("#!/bin/sh\n'''exec' \"/opt/a b/.venv/bin/python\" \"$0\" \"$@\"\n' '''\nimport sys\n")
+  assert install.shebang(s) == Path('/opt/a b/.venv/bin/python')
+  s.write_text("import sys\n")
+  with pytest.raises(ValueError, match="expected a first line naming its Python"): install.shebang(s)
+
+def test_a_removed_python_is_refused(beside_checkout, tmp_path):
+  """The venv's Python gone (its pyenv version uninstalled): refused, nothing staged, saying to recreate the venv."""
+  bindir = fake_venv(beside_checkout, beside_checkout / 'python')
+  shutil.rmtree(beside_checkout / 'python')
+  r = run_install(tmp_path, bindir=bindir)
+  assert r.returncode == 1 and not list(tmp_path.iterdir()) and "which is not there" in r.stderr and "rm -rf .venv" in r.stderr, r.stderr
+
+@pytest.mark.skipif(os.geteuid() != 0, reason='checking another user needs root')
+def test_a_python_the_service_user_cannot_reach_is_refused(in_tmp, tmp_path):
+  """SERVICE_USER=nobody, the venv's Python under a folder of mode 0700 (as a pyenv under /root): the install (not
+  staged: access is this machine's) is refused before anything is written, naming that folder and the user; the
+  same venv passes once the folder is open."""
+  (private := in_tmp / 'private').mkdir(mode=0o700)
+  bindir = fake_venv(in_tmp / 'checkout', private / 'python')
+  r = subprocess.run([sys.executable, str(REPO / 'systemd/install.py'), '--bindir', str(bindir), '--unitdir', str(tmp_path / 'units'),
+                      '--envfile', str(tmp_path / 'modeld.env'), '--user', 'nobody'], capture_output=True, text=True, timeout=60)
+  assert r.returncode == 1 and not list(tmp_path.iterdir()), r.stdout + r.stderr
+  assert f"nobody cannot enter {private} (mode 0700" in r.stderr, r.stderr
+  python = install.python_paths(bindir)
+  assert len(install.problems(bindir, python, {}, 'nobody', check_access=True)) == 1, python
+  private.chmod(0o755)
+  assert install.problems(bindir, python, {}, 'nobody', check_access=True) == []
+
+@pytest.mark.skipif(os.geteuid() != 0, reason='running as another user needs root')
+def test_access_check_agrees_with_the_kernel():
+  """For this checkout's venv: the installer finds nobody kept from it exactly when nobody cannot run a console script
+  (the kernel's answer: exec or a read refused)."""
+  found = install.problems(BINDIR, install.python_paths(BINDIR), {}, 'nobody', check_access=True)
+  try: runs = subprocess.run([str(BINDIR / 'modeld'), '--help'], user='nobody', capture_output=True, timeout=120, cwd='/').returncode == 0
+  except PermissionError: runs = False
+  assert runs == (found == []), found
 
 @pytest.mark.skipif(os.geteuid() != 0, reason='chown to another user needs root')
 def test_unreachable(tmp_path):
