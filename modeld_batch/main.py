@@ -39,6 +39,7 @@ class RouteSummary:
   lost: int = 0                 # camera frames the segments could not serve (missing from the video, undecodable, or a
                                 #   road/wide frame whose partner is missing: lockstep serves them together)
   lost_why: dict[str, int] = field(default_factory=dict)   # reason -> frames
+  unserved: dict[str, int] = field(default_factory=dict)   # "camera: why it has no frames" -> segments (its model not run there)
   invalid: int = 0              # frames with a modelV2 or driverStateV2 published valid = False
   bad_output: int = 0           # model runs whose outputs could not be parsed: skipped, nothing published
   model_s: float = 0.           # sum of modelExecutionTime and driverStateV2's
@@ -161,6 +162,7 @@ def run(args) -> int:
         else:
           s.done, s.frames, s.invalid, s.lost = s.done + 1, s.frames + r["frames"], s.invalid + r["invalid"], s.lost + r["lost"]
           s.bad_output, s.lost_why = s.bad_output + r["bad_output"], dict(Counter(s.lost_why) + Counter(r["lost_why"]))
+          s.unserved = dict(Counter(s.unserved) + Counter(r["unserved"]))
           s.model_s, s.wall_s = s.model_s + r["model_s"], s.wall_s + r["wall_s"]
         bar.update()
   except KeyboardInterrupt:
@@ -185,6 +187,7 @@ def report(summary: dict[str, RouteSummary], out: Path, times: dict[str, float])
     rows.append(f"{s.route[:40]:40s} {s.segments:8d} {s.done:5d} {s.resumed:7d} {len(s.errors):6d} {s.frames:7d} {s.invalid:7d} {s.bad_output:7d} "
                 f"{s.lost:5d} {s.model_s:8.1f} {s.wall_s:7.1f}")
     rows += [f"  failed: {e}" for e in s.errors] + [f"  lost {n}: {why}" for why, n in Counter(s.lost_why).most_common()]
+    rows += [f"  not run in {n} segment(s): {why}" for why, n in Counter(s.unserved).most_common()]
   if all(s.resumed == s.segments for s in summary.values()):
     rows.append(f"nothing to run: all {sum(s.segments for s in summary.values())} segments were already done (--resume)")
   else:

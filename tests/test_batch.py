@@ -221,6 +221,19 @@ def test_corrupt_segment_is_reported_the_rest_finish_and_resume(routes, tiny_art
   assert (summary["b"]["resumed"], summary["b"]["done"], summary["b"]["errors"]) == (1, 1, []), summary
   assert (summary["a"]["resumed"], summary["a"]["done"], len(summary["a"]["errors"])) == (1, 0, 1), summary
 
+def test_a_route_without_driver_video_runs_the_road_model_and_says_so(routes, tiny_artifacts, tmp_path):
+  """openpilot records dcamera.hevc only with RecordFront on, and logs the driver camera's states and EncodeIdx
+  all the same: the road model runs on every frame, the driver model on none, and the summary says why (exit 0)."""
+  src = shutil.copytree(routes[0], tmp_path / "src" / "a")
+  for seg in ("a--0", "a--1"): (src / seg / "dcamera.hevc").unlink()
+  r = batch(src, "--artifacts", tiny_artifacts, "--out", tmp_path / "out")
+  assert r.returncode == 0, r.stderr
+  (summary,) = json.loads((tmp_path / "out" / "summary.json").read_text())["routes"]
+  assert (summary["done"], summary["errors"]) == (2, []) and summary["unserved"] == {"driver: no dcamera.hevc for the driver camera's indexed frames": 2}
+  assert "not run in 2 segment(s): driver: no dcamera.hevc" in r.stdout
+  services = Counter(ev.which() for ev in LogReader(str(tmp_path / "out" / "a")))
+  assert services["modelV2"] == services["roadCameraState"] == summary["frames"] > 0 and services["driverStateV2"] == 0, services
+
 def test_ctrl_c_stops_cleanly_and_resume_finishes(scene, tiny_artifacts, tmp_path):
   """Ctrl-C during a job (SIGINT to its process group, as a terminal sends it): exit 130, no temporary output left, no
   worker of it left running; --resume completes the rest, and the outputs equal a run never interrupted."""
