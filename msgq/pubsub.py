@@ -24,13 +24,14 @@ Guarantees (each has a test in tests/test_msgq.py):
   socket: sub_sock() then returns after its wait, `confirmed` False;
 - a slow or dead subscriber never blocks the publisher: ZMQ drops at the high-water mark. Queues are bounded in
   bytes: a publisher queues for each subscriber at least QUEUE_BYTES (64 MiB, counting MSG_OVERHEAD per message)
-  and at most twice that, sized from the largest message it has sent so far (so at least 1,023 messages of 64 KiB,
-  or 58,255 of 1 KiB, whatever the endpoint's max_size); a subscriber queues as much again, sized from its max_size.
+  and at most four times that, sized from the size class (power of two, rounded down) of the largest message it has
+  sent so far (so at least 1,023 messages of 64 KiB, or 58,255 of 1 KiB, whatever the endpoint's max_size); a
+  subscriber queues as much again, sized from its max_size.
   A reader that keeps reading loses nothing of a burst that fits; the publisher's memory stays bounded whatever
-  its readers do. Not yet for a subscriber that connects after the largest message last grew: libzmq gives its
-  connection the mark the socket had at bind(), queue_len(0), until the next larger message; and lowering the
-  mark of live connections (setsockopt SNDHWM) can crash libzmq 4.3.5 while a subscriber is leaving (see
-  docs/RELIABILITY.md);
+  its readers do. Not yet for a subscriber that connects after the size class last grew: libzmq gives its
+  connection the mark the socket had at bind(), queue_len(0), until the next larger class; and lowering the mark
+  of live connections (setsockopt SNDHWM) can crash libzmq 4.3.5 while a subscriber is leaving (see
+  docs/RELIABILITY.md), which the size classes make rare (a re-size per doubling of the largest message);
 - a message larger than a subscriber's max_size is refused by it (counted in `refused`, logged); publishers
   refuse to send more than their own max_size. Only a message over 4x the subscriber's max_size (from a
   publisher with another services table) ends the connection, as a ZMQ protocol error, until the subscriber
@@ -200,9 +201,12 @@ class PubSocket:
     st = self._st
     with st.mutex:
       if st.closed: raise IpcError(f"send on closed publisher {self.endpoint!r}")
-      if n > st.largest:   # queues stay bounded in bytes: fewer messages once they are larger
-        st.largest = n
-        st.sock.setsockopt(zmq.SNDHWM, queue_len(n))
+      # queues stay bounded in bytes: fewer messages once they are larger. Re-sized per size class (the power of two
+      # at or below the largest message), not per new largest message: each re-size of live queues risks libzmq
+      # 4.3.5's crash (below), and a daemon's sizes settle in one class after its first messages
+      if n >= 2 * st.largest:
+        st.largest = 1 << (max(n, 1).bit_length() - 1)
+        st.sock.setsockopt(zmq.SNDHWM, queue_len(st.largest))
       st.sock.send(data, copy=not (isinstance(data, bytes) and n >= ZERO_COPY_MIN))
     return n
 

@@ -316,6 +316,19 @@ def test_a_burst_of_10000_messages_from_another_process_all_arrive_in_order():
     assert got == [i.to_bytes(4, "little") * (size // 4) for i in range(n)]
   sub.close()
 
+def test_queues_are_resized_once_per_size_class():
+  """Each re-size of live queues risks libzmq 4.3.5's crash: a publisher whose messages grow one byte at a time from
+  1,000 to 5,000 re-sizes at each power of two it passes (512, 1,024, 2,048, 4,096), not at each new largest message;
+  each mark still holds QUEUE_BYTES of the largest message of its class."""
+  pub, marks = msgq.pub_sock("ep"), []
+  for n in range(1000, 5001):
+    pub.send(bytes(n))
+    if (hwm := pub._st.sock.getsockopt(zmq.SNDHWM)) != (marks or [None])[-1]: marks.append(hwm)
+  assert marks == [queue_len(512), queue_len(1024), queue_len(2048), queue_len(4096)]
+  for size_class, hwm in zip((512, 1024, 2048, 4096), marks):   # at least QUEUE_BYTES of its smallest, at most 4x of its largest
+    assert hwm // 2 * (size_class + MSG_OVERHEAD) >= QUEUE_BYTES and hwm * (2 * size_class + MSG_OVERHEAD) <= 4 * QUEUE_BYTES + 4 * size_class
+  pub.close()
+
 def test_a_reader_that_reads_nothing_of_a_burst_gets_at_least_58255_messages_of_1_KiB():
   """What docs/RELIABILITY.md promises: the publisher's queue for a subscriber holds at least QUEUE_BYTES, counting
   MSG_OVERHEAD per message, i.e. 58,255 messages of 1 KiB (its high-water mark is twice that: libzmq may count it
