@@ -62,6 +62,10 @@ def replay_segment(src: str, out: str, runners: Runners) -> dict:
   from oproute.writer import LogFile, init_data
   t0 = time.monotonic()
   source = LogSource([src], decode_threads=1)   # a worker keeps to its core: the job scales by workers
+  # a camera without its video file runs without its model (openpilot writes dcamera.hevc only with RecordFront on);
+  # one whose file is there but cannot be served is a damaged segment
+  if damaged := {c: why for c, why in source.unserved.items() if (Path(src) / CAMERAS[c].video).exists()}:
+    raise VideoError("; ".join(f"{c}: {why}" for c, why in damaged.items()))
   layouts = artifact_layouts(runners.arts, source.streams)
   stats = Stats(log, interval=math.inf)
   sm = messaging.SubMaster(sorted(set(RoadModel.SUBSCRIBES) | set(DriverModel.SUBSCRIBES)), addr=None)
@@ -116,9 +120,7 @@ def replay_segment(src: str, out: str, runners: Runners) -> dict:
   os.rename(tmp, final)
   return {"frames": frames, "invalid": invalid, "model_s": model_s, "wall_s": time.monotonic() - t0, "lost": sum(source.skipped.values()),
           "bad_output": stats.totals.get("bad_output", 0), "lost_why": dict(source.skipped),
-          # a camera logged without its video (openpilot records dcamera.hevc only with RecordFront on): the others run,
-          # as in a lockstep replay of the segment
-          "unserved": {f"{cam}: {why}": 1 for cam, why in source.unserved.items()}}
+          "unserved": {f"{cam}: {why}": 1 for cam, why in source.unserved.items()}}   # as in a lockstep replay of the segment
 
 @ray.remote
 class SegmentWorker:
