@@ -4,7 +4,8 @@ Run by `make install-services` (see systemd/README.md). ExecStart points at the 
 virtual environment in `--bindir`; `--destdir` stages everything under another root (packaging, tests) and never
 reloads systemd. The environment file is created once and never overwritten: it holds the user's settings.
 Nothing is installed where the services could not start: a console script, or the Python it runs (followed through
-its links and the venv's pyvenv.cfg), that the units' own sandboxing hides or that the service user cannot reach.
+its links and the venv's pyvenv.cfg), that the units' own sandboxing hides or that the service user cannot reach (a
+staged install is only warned of the first).
 """
 import argparse, os, re, stat, subprocess, sys
 from pathlib import Path
@@ -148,11 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     return 1
   f = fields(bindir, args.envfile, args.user or None, tuple(path for path, _ in python))
   units = {u: render((HERE / u if (HERE / u).exists() else HERE / f"{u}.in").read_text(), f) for u in UNITS}
-  # the units name this machine's paths (bindir is never staged), so a staged install is checked against their
-  # sandboxing too; not for access: the users and folder permissions of the root it is staged for may differ
+  # a staged install (a package built under /tmp, say) is only warned: its root's paths and users may differ from
+  # this machine's; an install here is refused, before anything is written
   if found := problems(bindir, python, units, args.user or None, check_access=not args.destdir):
-    print("install.py: nothing installed, the services could not start:\n" + "\n".join(f"  - {x}" for x in found), file=sys.stderr)
-    return 1
+    head = "warning: staged, but from here" if args.destdir else "nothing installed,"
+    print(f"install.py: {head} the services could not start:\n" + "\n".join(f"  - {x}" for x in found), file=sys.stderr)
+    if not args.destdir: return 1
   root = Path(args.destdir or '/')
   unitdir, envfile = root / args.unitdir.lstrip('/'), root / args.envfile.lstrip('/')
   unitdir.mkdir(parents=True, exist_ok=True)
