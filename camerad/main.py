@@ -117,21 +117,6 @@ def stream_layouts(layouts: tuple[str, dict], streams: dict[int, tuple[int, int]
   return {s: explicit.get((w, h)) or (NV12Layout.aligned(w, h) if kind == "aligned" else NV12Layout.packed(w, h))
           for s, (w, h) in streams.items()}
 
-def artifact_layouts(arts: dict, streams: dict[int, tuple[int, int]]) -> dict[int, NV12Layout]:
-  """Each stream's buffer layout, one its artifact (arts['road'] for road and wide road, arts['dm'] for driver; loaded
-  or only their manifests read) was built for: packed (camerad's default) where the artifact has it, else the first of
-  the stream's size in its manifest. modeld-batch writes its frames in these, modeld-replay has camerad serve them
-  (--layout), so both run the warps of one layout. ValueError naming the camera, its size, the artifact's layouts and
-  the command that adds one, where the artifact has none of that size."""
-  out = {}
-  for s, (w, h) in streams.items():
-    art = arts['dm' if s == DRIVER else 'road']
-    fits = [l for l in map(NV12Layout.parse, art.layouts) if (l.width, l.height) == (w, h)]
-    if not fits: raise ValueError(f"the {CAMERA_OF[s]} camera is {w}x{h}, {art.dir} was built for {', '.join(art.layouts)}; "
-                                  f"add a layout of that size: {art.rebuild_command(f'{w}x{h}')}")
-    out[s] = NV12Layout.packed(w, h) if NV12Layout.packed(w, h) in fits else fits[0]
-  return out
-
 class Pacer:
   """Sleeps until each tick is due: at the source's timestamps (real time), at a fixed rate, or not at all."""
   def __init__(self, stop: StopFlag, fps: float | None, src_fps: float, free: bool, idle=lambda: None):

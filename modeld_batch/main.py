@@ -69,7 +69,7 @@ def check_layouts(jobs: list[Job], arts: dict) -> None:
   whose video opens (a video that does not is its segment's error, later)."""
   from cereal.services import CAMERAS
   from oproute.video import VideoDecoder, VideoError
-  from camerad.main import artifact_layouts
+  from modelrt.artifact import stream_layouts
   seen = set()
   for j in jobs:
     sizes = {}
@@ -80,7 +80,7 @@ def check_layouts(jobs: list[Job], arts: dict) -> None:
       d.close()
       seen.add((j.route, c.stream))
       sizes[c.stream] = (d.width, d.height)
-    try: artifact_layouts(arts, sizes)
+    try: stream_layouts(arts, sizes)
     except ValueError as e: raise ValueError(f"{j.src}: {e}") from None
 
 def cluster_endpoint(address: str) -> tuple[str, int]:

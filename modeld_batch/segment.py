@@ -4,7 +4,7 @@ The segment is read by camerad's route source and its frames are written, number
 in lockstep: the same decoding, message order, camera states, frame ids (the log's up to its first gap, then
 consecutive per camera) and recorded timestamps a lockstep replay serves; a frame that cannot be written is skipped
 and counted, as camerad does. Frames go straight into host buffers of a layout the artifacts were built for
-(camerad's artifact_layouts); messages feed a SubMaster without sockets; each frame goes through modeld's RoadModel and
+(modelrt.artifact.stream_layouts); messages feed a SubMaster without sockets; each frame goes through modeld's RoadModel and
 dmonitoringd's DriverModel (runner, guard, copy-out, parse, fill), with fresh history at the segment's start. What a
 daemon would publish for a frame is taken in from the next frame on, as the daemons see each other's outputs (modeld
 reads dmonitoringd's isRHD). The outputs, the input camera states and the segment's EncodeIdx events go to
@@ -52,7 +52,8 @@ def replay_segment(src: str, out: str, runners: Runners) -> dict:
   from cereal import messaging
   from cereal.services import ANSWERS, CAMERA_STATE_SERVICES, CAMERAS, STREAM_OF_STATE, road_streams
   from camerad.sources import LogSource
-  from camerad.main import FrameWriter, artifact_layouts, camera_state
+  from camerad.main import FrameWriter, camera_state
+  from modelrt.artifact import stream_layouts
   from modeld_service import Stats
   from dmonitoringd.model import DriverModel
   from modeld.model import RoadModel
@@ -66,7 +67,7 @@ def replay_segment(src: str, out: str, runners: Runners) -> dict:
   # one whose file is there but cannot be served is a damaged segment
   if damaged := {c: why for c, why in source.unserved.items() if (Path(src) / CAMERAS[c].video).exists()}:
     raise VideoError("; ".join(f"{c}: {why}" for c, why in damaged.items()))
-  layouts = artifact_layouts(runners.arts, source.streams)
+  layouts = stream_layouts(runners.arts, source.streams)
   stats = Stats(log, interval=math.inf)
   sm = messaging.SubMaster(sorted(set(RoadModel.SUBSCRIBES) | set(DriverModel.SUBSCRIBES)), addr=None)
   road = (streams := road_streams(set(layouts))) and RoadModel(runners.get('road', tuple(layouts[s] for s in streams)), streams[0], sm, stats, log)

@@ -259,37 +259,36 @@ def summary(mon: Monitor, seconds: float) -> list[str]:
 
 # ***** the run *****
 
-def artifact_layouts(scene) -> list:
-  """The buffer layouts the demo's artifacts serve: every camera size of the scene, packed (camerad's default) and
-  aligned (rows padded like real camera buffers: camerad --layout aligned)."""
+def scene_layouts(scene) -> list:
+  """The buffer layouts the demo's reference artifacts serve: every camera size of the scene, packed (camerad's
+  default) and aligned (rows padded like real camera buffers: camerad --layout aligned)."""
   from msgq.visionipc.layout import NV12Layout
   return [f(w, h) for w, h in sorted({(c.width, c.height) for c in scene.cameras.values()}) for f in (NV12Layout.packed, NV12Layout.aligned)]
 
 def prepare_artifacts(artifacts: str, scene) -> list[str]:
   """The artifacts the daemons will load; returns camerad's --layout arguments for them. Reference models are built
-  (or found unchanged) here; models built from model files (ONNX) are used as they are, never overwritten: then both
-  families must be there, serving every camera of the scene in one layout kind (packed, else aligned)."""
-  from modelrt.artifact import FAMILIES, ArtifactError, read_manifest
-  found = {}
+  (or found unchanged) here; models built from model files (ONNX) are used as they are, never overwritten, in the
+  layouts modeld-replay and modeld-batch would run them in."""
+  from cereal.services import CAMERAS
+  from modelrt.artifact import FAMILIES, ArtifactError, camerad_layouts, read_manifest
+  commands = {}
   for fam in FAMILIES:
-    try: found[fam] = read_manifest(artifacts, fam).manifest
-    except (ArtifactError, OSError): pass
-  if not (foreign := {f: m for f, m in found.items() if '--reference' not in m['command']}):
+    try: commands[fam] = read_manifest(artifacts, fam).manifest['command']
+    except ArtifactError: pass
+  if not (foreign := {f: c for f, c in commands.items() if '--reference' not in c}):
     build_artifacts(artifacts, scene)
     return []
-  for kind, layouts in (('packed', artifact_layouts(scene)[0::2]), ('aligned', artifact_layouts(scene)[1::2])):
-    if all(fam in found and {str(l) for l in layouts} <= set(found[fam]['layouts']) for fam in FAMILIES):
-      built = '; '.join(f"{f}: {' '.join(m['command'])}" for f, m in foreign.items())
-      print(f"modeld-demo: artifacts: {artifacts} as built ({built})", flush=True)
-      return [] if kind == 'packed' else ['--layout', 'aligned']
-  raise SystemExit(f"modeld-demo: {artifacts} holds models built from model files ({', '.join(foreign)}), which the demo does not overwrite "
-                   f"with its reference models, and they do not serve its cameras: both families with every layout of one kind among "
-                   f"{', '.join(map(str, artifact_layouts(scene)))}, have {({f: m['layouts'] for f, m in found.items()})}. "
-                   f"Build them with those --camera layouts, or give the demo another --artifacts folder")
+  try: layouts = camerad_layouts(artifacts, {CAMERAS[c].stream: (cam.width, cam.height) for c, cam in scene.cameras.items()})
+  except (ArtifactError, ValueError) as e:
+    raise SystemExit(f"modeld-demo: {artifacts} holds models built from model files ({', '.join(foreign)}), which the demo does not overwrite "
+                     f"with its reference models, and they cannot serve its cameras: {e}; or give the demo another --artifacts folder") from None
+  built = '; '.join(f"{f}: {' '.join(c)}" for f, c in foreign.items())
+  print(f"modeld-demo: artifacts: {artifacts} as built ({built})", flush=True)
+  return [a for l in layouts for a in ('--layout', l)]
 
 def build_artifacts(artifacts: str, scene) -> None:
   """modeld-compile --reference for the scene's cameras; it skips an unchanged build itself. Progress on stderr."""
-  cmd = [sys.executable, '-m', 'modelrt.compile', '--reference', '--out', artifacts, *[a for l in artifact_layouts(scene) for a in ('--camera', str(l))]]
+  cmd = [sys.executable, '-m', 'modelrt.compile', '--reference', '--out', artifacts, *[a for l in scene_layouts(scene) for a in ('--camera', str(l))]]
   print(f"modeld-demo: artifacts: {' '.join(['modeld-compile', *cmd[3:]])}", flush=True)
   t = time.monotonic()
   if subprocess.run(cmd, stdin=subprocess.DEVNULL).returncode != 0: raise SystemExit("modeld-demo: the artifact build failed (above)")

@@ -19,9 +19,8 @@ from cereal.services import CAMERA_OF_STREAM, CAMERA_STATE_SERVICES, CAMERAS, ST
 from msgq.visionipc import DRIVER
 from msgq import runtime_dir
 from modeld_service.extras import needs_extra
-from modelrt.artifact import ArtifactError, read_manifest
+from modelrt.artifact import ArtifactError, camerad_layouts
 with needs_extra("modeld-replay", "tools"):   # zstandard and PyAV: the route's logs and video
-  from camerad.main import artifact_layouts
   from camerad.sources import LogSource, SourceError
   from modeld_tools.compare import FIELDS, FieldDiff, compare, route_outputs, table
 
@@ -33,19 +32,6 @@ def route_cameras(route: list[str]) -> tuple[dict[int, tuple[int, int]], dict[st
   serve. SourceError when there is none."""
   src = LogSource(route)
   return src.streams, src.unserved
-
-def camerad_layouts(artifacts: Path, streams: dict[int, tuple[int, int]]) -> list[str]:
-  """camerad's --layout options: each stream in the layout modeld-batch runs it in (artifact_layouts), one the daemon
-  answering it has a warp for. ArtifactError for artifacts that cannot be read; ValueError for a camera size they were
-  not built for, or two cameras of one size their artifacts have no common layout for (camerad has one per size)."""
-  arts = {f: read_manifest(artifacts, f) for f in {"dm" if s == DRIVER else "road" for s in streams}}
-  layouts, by_size = artifact_layouts(arts, streams), {}
-  for s, l in layouts.items(): by_size.setdefault((l.width, l.height), {})[s] = l
-  for (w, h), ls in by_size.items():
-    if len(set(ls.values())) > 1:
-      raise ValueError(f"camerad serves one layout per camera size, and the artifacts have no common one for {w}x{h}: "
-                       f"{', '.join(f'{CAMERA_OF_STREAM[s]} {l}' for s, l in ls.items())}; build both families with the same --camera")
-  return [str(l) for ls in by_size.values() for l in set(ls.values())]
 
 class Stack:
   """The replay's processes, each with its stderr in a file of logs/."""

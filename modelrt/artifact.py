@@ -15,6 +15,9 @@ from collections.abc import Callable
 from tinygrad import Device, TinyJit
 from tinygrad.device import Buffer
 from tinygrad.uop.ops import UOp, Ops, ParamArg
+from cereal.services import CAMERA_OF_STREAM
+from msgq.visionipc import DRIVER
+from msgq.visionipc.layout import NV12Layout
 from modelrt.guard import GuardedJit, TensorSpec, is_count
 from modelrt.contracts import CONTRACTS, FAMILY_MODELS, Contract, lookup
 
@@ -290,3 +293,38 @@ def write_artifact(out: str | os.PathLike, family: str, build: Callable[[pathlib
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.rmtree(old, ignore_errors=True)
   return final
+
+# ***** which camera layout runs a stream *****
+
+def stream_layouts(arts: dict[str, Artifact], streams: dict[int, tuple[int, int]]) -> dict[int, NV12Layout]:
+  """Each stream's buffer layout, one its artifact (arts['road'] for road and wide road, arts['dm'] for driver; loaded
+  or only their manifests read) was built for: packed (camerad's default) where the artifact has it, else the first of
+  the stream's size in its manifest; among the layouts every stream of that size has, where there are such (camerad
+  serves one layout per size). modeld-batch writes its frames in these, modeld-replay and modeld-demo have camerad
+  serve them (camerad_layouts), so all run the warps of one layout. ValueError naming the camera, its size, the
+  artifact's layouts and the command that adds one, where the artifact has none of that size."""
+  fits = {}
+  for s, (w, h) in streams.items():
+    art = arts['dm' if s == DRIVER else 'road']
+    fits[s] = [l for l in map(NV12Layout.parse, art.layouts) if (l.width, l.height) == (w, h)]
+    if not fits[s]:
+      raise ValueError(f"the {CAMERA_OF_STREAM[s]} camera is {w}x{h}, {art.dir} was built for {', '.join(art.layouts)}; "
+                       f"add a layout of that size: {art.rebuild_command(f'{w}x{h}')}")
+  out = {}
+  for s, (w, h) in streams.items():
+    pick = [l for l in fits[s] if all(l in fits[t] for t in streams if streams[t] == (w, h))] or fits[s]
+    out[s] = NV12Layout.packed(w, h) if NV12Layout.packed(w, h) in pick else pick[0]
+  return out
+
+def camerad_layouts(artifacts: str | os.PathLike, streams: dict[int, tuple[int, int]]) -> list[str]:
+  """camerad's --layout options: each stream in the layout modeld-batch runs it in (stream_layouts), one the daemon
+  answering it has a warp for. ArtifactError for artifacts that cannot be read; ValueError for a camera size they were
+  not built for, or two cameras of one size their artifacts have no common layout for (camerad has one per size)."""
+  arts = {f: read_manifest(artifacts, f) for f in {"dm" if s == DRIVER else "road" for s in streams}}
+  layouts, by_size = stream_layouts(arts, streams), {}
+  for s, l in layouts.items(): by_size.setdefault((l.width, l.height), {})[s] = l
+  for (w, h), ls in by_size.items():
+    if len(set(ls.values())) > 1:
+      raise ValueError(f"camerad serves one layout per camera size, and the artifacts have no common one for {w}x{h}: "
+                       f"{', '.join(f'{CAMERA_OF_STREAM[s]} {l}' for s, l in ls.items())}; build both families with the same --camera")
+  return [str(l) for ls in by_size.values() for l in set(ls.values())]

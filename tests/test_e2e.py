@@ -16,7 +16,7 @@ from modelrt.constants import DM_HEIGHT, DM_WIDTH, X_IDXS
 from msgq import runtime_dir
 from msgq.visionipc import ROAD, WIDE_ROAD
 from msgq.visionipc.layout import NV12Layout
-from modeld_tools.demo import artifact_layouts
+from modeld_tools.demo import scene_layouts
 
 E2E = REPO / '.cache' / 'e2e'
 NEAR = (X_IDXS >= 10) & (X_IDXS <= 50)
@@ -27,7 +27,7 @@ WARMUP = 5
 @pytest.fixture(scope='module')
 def artifacts():
   """The demo's artifacts (both daemons, packed and aligned full-size layouts), built once into .cache/e2e."""
-  return build(E2E, layouts=tuple(artifact_layouts(load_scene('straight'))))
+  return build(E2E, layouts=tuple(scene_layouts(load_scene('straight'))))
 
 class Stack:
   """A daemon on its own OPENPILOT_PREFIX for the whole module; `serve` runs camerad on a scene against it."""

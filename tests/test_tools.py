@@ -363,12 +363,12 @@ def test_the_demo_never_overwrites_models_built_from_model_files(tmp_path):
   art = shutil.copytree(build(CACHE.parent / 'tiny', models='tiny'), tmp_path / 'art')   # 64x48, packed and aligned
   manifests = {f: (art / f / 'manifest.json').read_bytes() for f in ('road', 'dm')}
   small = parse_scene({**DEMO_SCENE, 'intrinsics': {c: {'width': 64, 'height': 48, 'focal_length': 30.} for c in ('road', 'wide', 'driver')}}, 'small')
-  assert prepare_artifacts(str(art), small) == []
+  assert prepare_artifacts(str(art), small) == ['--layout', '64x48:64:3072:4608']
   with pytest.raises(SystemExit, match=r"holds models built from model files \(road, dm\), which the demo does not overwrite .* "
-                                       r"1928x1208:1928:2329024:3493536"):
+                                       r"the (road|wide|driver) camera is 1928x1208, .* was built for 64x48"):
     prepare_artifacts(str(art), parse_scene(DEMO_SCENE, 'demo'))
   m = json.loads((road := art / 'road' / 'manifest.json').read_text())
   m['layouts'] = [l for l in m['layouts'] if l != '64x48:64:3072:4608']
   road.write_text(json.dumps(m))
-  assert prepare_artifacts(str(art), small) == ['--layout', 'aligned']   # the road family lost its packed layout
+  assert prepare_artifacts(str(art), small) == ['--layout', '64x48:128:8192:12288']   # the road family lost its packed layout: the common one
   assert (art / 'dm' / 'manifest.json').read_bytes() == manifests['dm']
