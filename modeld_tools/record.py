@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse, errno, logging, queue, sys, threading, time
 from datetime import datetime
 from pathlib import Path
-from modeld_service import Stats, StopFlag, Watchdog, notify, set_process_title, setup_logging
+from modeld_service import Stats, add_log_level, StopFlag, Watchdog, notify, set_process_title, setup_logging
 from modeld_service.extras import needs_extra
 from cereal import messaging
 from cereal.services import CAMERAS, SERVICES
@@ -125,9 +125,7 @@ def record(services: list[str], path: Path, segment_seconds: float, flush_second
     svc = names[sock.sock]
     for dat in messaging.drain_sock_raw(sock):
       # only whole, parseable messages of this service: anything else would break the file's framing
-      try:
-        messaging.log_from_bytes(dat, expect=svc)
-        ok = message_length(dat) == len(dat)
+      try: ok = message_length(dat) == len(dat) and messaging.log_from_bytes(dat, expect=svc) is not None   # the cheap check first
       except messaging.MalformedMessageError: ok = False
       if not ok:
         stats.count(f"{svc}_malformed")
@@ -194,8 +192,7 @@ def main(argv: list[str] | None = None) -> int:
   ap.add_argument("--lossless", action="store_true", help="lossless HEVC: a replay serves the very same pixels (larger files)")
   ap.add_argument("--camerad-name", default="camerad", help="VisionIPC server name to record from (default: camerad)")
   ap.add_argument("--stats-interval", type=float, default=10., metavar="S", help="seconds between stats log lines and STATUS= updates (default 10)")
-  ap.add_argument("--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                  help="DEBUG, INFO, WARNING or ERROR (default: INFO)")
+  add_log_level(ap)
   args = ap.parse_args(argv)
   if bad := [s for s in args.services if s not in SERVICES]: ap.error(f"unknown services {bad}; known: {', '.join(SERVICES)}")
   cameras = args.video.split(",") if args.video else []

@@ -116,7 +116,7 @@ class Context:
 class _PubState:
   """What a publisher shares with its pump thread: the thread holds this, never the PubSocket."""
   def __init__(self, sock: zmq.Socket):
-    self.sock, self.readers, self.mutex, self.closed, self.largest = sock, 0, threading.Lock(), False, 0
+    self.sock, self.readers, self.mutex, self.closed, self.size_class = sock, 0, threading.Lock(), False, 0
 
   def process(self) -> None:
     # caller holds the mutex; reading EVENTS makes ZMQ attach new subscribers and queue their (un)subscriptions
@@ -174,7 +174,7 @@ class PubSocket:
         raise IpcError(f"cannot lock {path}.lock: {e}") from None
     s = context.context.socket(zmq.XPUB)
     s.setsockopt(zmq.LINGER, 0)
-    s.setsockopt(zmq.SNDHWM, queue_len(0))   # lowered as larger messages are sent (libzmq applies it to existing peers)
+    s.setsockopt(zmq.SNDHWM, queue_len(0))   # lowered once per size class its messages reach (libzmq applies it to existing peers)
     s.setsockopt(zmq.XPUB_NODROP, 0)
     # manual subscriptions: every subscribe reaches us (a reader count, token topics) and takes effect when we apply
     # it. Not XPUB_MANUAL_LAST_VALUE: that sends the next message after a subscription to its subscriber alone
@@ -204,9 +204,9 @@ class PubSocket:
       # queues stay bounded in bytes: fewer messages once they are larger. Re-sized per size class (the power of two
       # at or below the largest message), not per new largest message: each re-size of live queues risks libzmq
       # 4.3.5's crash (below), and a daemon's sizes settle in one class after its first messages
-      if n >= 2 * st.largest:
-        st.largest = 1 << (max(n, 1).bit_length() - 1)
-        st.sock.setsockopt(zmq.SNDHWM, queue_len(st.largest))
+      if n >= 2 * st.size_class:
+        st.size_class = 1 << (max(n, 1).bit_length() - 1)
+        st.sock.setsockopt(zmq.SNDHWM, queue_len(st.size_class))
       st.sock.send(data, copy=not (isinstance(data, bytes) and n >= ZERO_COPY_MIN))
     return n
 
