@@ -8,7 +8,7 @@ id and SOF/EOF timestamps (monotonic ns). All streams of one tick share the fram
 from __future__ import annotations
 import argparse, logging, sys, time
 import numpy as np
-from modeld_service import Stats, StopFlag, Watchdog, notify, set_process_title, setup_logging
+from modeld_service import Stats, add_log_level, StopFlag, Watchdog, notify, set_process_title, setup_logging
 from modeld_service.extras import needs_extra
 from cereal import log as capnp_log, messaging
 from cereal.services import (ANSWERS, CAMERA_OF_STREAM as CAMERA_OF, CAMERA_STATE_SERVICES, DMONITORINGD_OUTPUTS, SERVICES,
@@ -77,8 +77,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                   help="buffer layout: packed (default) or aligned (stride to 128, rows padded like real camera buffers); "
                        "WxH:stride:uv_offset:size (or WxH:aligned) for the streams of that size; repeatable")
   ap.add_argument("--buffers", type=int, default=8, metavar="N", help=f"buffers per stream, 1 to {MAX_BUFFERS} (default: 8)")
-  ap.add_argument("--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                  help="DEBUG, INFO, WARNING or ERROR (default: INFO)")
+  add_log_level(ap)
   args = ap.parse_args(argv)
   if args.fps is not None and not 0 < args.fps <= 1000: ap.error(f"--fps: expected 0 < F <= 1000, got {args.fps}")
   if args.start < 0: ap.error(f"--start: expected >= 0, got {args.start}")

@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 from collections.abc import Callable
 import numpy as np
 from msgq import MultiplePublishersError
-from modeld_service import Stats, StopFlag, Watchdog, exit_now, notify, set_process_title, setup_logging
+from modeld_service import Stats, add_log_level, StopFlag, Watchdog, exit_now, notify, set_process_title, setup_logging
 from modeld_common.camera import StreamWatch, connect, wait_for_streams
 from modelrt.calibration import DEFAULT_SENSOR, Calibration
 from modelrt.geometry import SENSORS
@@ -48,8 +48,7 @@ camera), or its model's outputs could not be parsed for {MAX_BAD_OUTPUTS} frames
   ap.add_argument('--raw-predictions', action='store_true', default=os.environ.get('SEND_RAW_PRED') == '1',
                   help="also send the flat model outputs as rawPredictions (default: off, or on with SEND_RAW_PRED=1)")
   ap.add_argument('--stats-interval', type=float, default=10., metavar='S', help="seconds between stats log lines and STATUS= updates (default 10)")
-  ap.add_argument('--log-level', default='INFO', choices=['DEBUG', 'INFO', 'WARNING', 'ERROR'],
-                  help="stderr log level (default INFO; DEBUG adds a line per dropped or bad frame)")
+  add_log_level(ap, "a line per dropped or bad frame")
   args = ap.parse_args(argv)
   # before anything imports tinygrad or opens a socket: both read these once
   if args.prefix is not None: os.environ['OPENPILOT_PREFIX'] = args.prefix

@@ -12,7 +12,7 @@
   manager that missed a datagram still reads exact totals from the next).
 """
 from __future__ import annotations
-import logging, os, signal, socket, sys, time
+import argparse, logging, os, signal, socket, sys, time
 from collections import defaultdict
 from typing import NoReturn
 import numpy as np
@@ -120,6 +120,11 @@ class _Handler(logging.StreamHandler):
     for rec in self.rate_limit.held_back(): self.emit(rec)
     self.flush()
     super().close()
+
+def add_log_level(ap: argparse.ArgumentParser, detail: str = "") -> None:
+  """Every command's --log-level (setup_logging's level); detail: what DEBUG adds."""
+  ap.add_argument('--log-level', default='INFO', type=str.upper, choices=['DEBUG', 'INFO', 'WARNING', 'ERROR'],
+                  help=f"stderr log level: DEBUG, INFO, WARNING or ERROR (default INFO{'; DEBUG adds ' + detail if detail else ''})")
 
 def setup_logging(level: str | int = 'INFO', rate_limit: float = 10.) -> None:
   root = logging.getLogger()
