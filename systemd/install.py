@@ -35,10 +35,14 @@ def under(path: Path, roots: tuple[str, ...]) -> str | None:
   """The one of roots that path is (or is below), if any."""
   return next((r for r in roots if str(path) == r or str(path).startswith(r + '/')), None)
 
+def forms(path: Path) -> list[Path]:
+  """A path as written and as it resolves, what a service reaches it by: a link into /root is under /root."""
+  return list(dict.fromkeys([path, path.resolve()]))
+
 def fields(bindir: Path, envfile: str, user: str | None, python: tuple[Path, ...] = ()) -> dict[str, str | None]:
   """The templates' fields. python: the paths the scripts' Python runs from (python_paths); like the venv, one under a
   home directory needs the homes read-only rather than hidden."""
-  protect_home = 'read-only' if any(under(p, HOME_ROOTS) for p in [bindir, *python]) else 'yes'
+  protect_home = 'read-only' if any(under(f, HOME_ROOTS) for p in [bindir, *python] for f in forms(p)) else 'yes'
   return {'BINDIR': str(bindir), 'ENVFILE': envfile, 'USER': user, 'PROTECT_HOME': protect_home}
 
 def shebang(script: Path) -> Path:
@@ -85,8 +89,8 @@ def setting(unit: str, key: str) -> str:
 def hidden(path: Path, unit: str) -> str | None:
   """Why the unit's own sandboxing keeps its service from path, or None: ProtectHome=yes makes the home directories
   inaccessible and tmpfs empties them (read-only leaves them readable); PrivateTmp= gives the service empty /tmp and
-  /var/tmp of its own. The path as written and as it resolves: a link into /tmp is as hidden."""
-  for p in dict.fromkeys([path, path.resolve()]):
+  /var/tmp of its own. Each of the path's forms: a link into /tmp is as hidden."""
+  for p in forms(path):
     if (root := under(p, HOME_ROOTS)) and (v := setting(unit, 'ProtectHome')) in ('yes', 'true', 'on', '1', 'tmpfs'):
       return f"ProtectHome={v} hides {root}"
     if (root := under(p, TMP_ROOTS)) and (v := setting(unit, 'PrivateTmp')) not in ('', 'no', 'false', 'off', '0'):

@@ -99,6 +99,8 @@ def test_template_fields(staged, tmp_path):
   assert install.fields(Path('/home/u/tinymodeld/.venv/bin'), '/e', None)['PROTECT_HOME'] == 'read-only'
   assert install.fields(Path('/homework/.venv/bin'), '/e', None)['PROTECT_HOME'] == 'yes'
   assert install.fields(Path('/opt/m/.venv/bin'), '/e', None, (Path('/root/.pyenv/versions/3.11.7/bin/python3.11'),))['PROTECT_HOME'] == 'read-only'
+  (tmp_path / 'home-link').symlink_to('/root')   # reached through a link into a home directory: read-only too, as hidden() sees it
+  assert install.fields(tmp_path / 'home-link' / 'm/.venv/bin', '/e', None)['PROTECT_HOME'] == 'read-only'
   with pytest.raises(ValueError, match='@NOPE@'): install.render('X=@NOPE@\n', {})
 
 def test_sandbox_block_identical(staged):
@@ -226,8 +228,7 @@ def test_a_python_the_service_user_cannot_reach_is_refused(in_tmp, tmp_path):
   same venv passes once the folder is open."""
   (private := in_tmp / 'private').mkdir(mode=0o700)
   bindir = fake_venv(in_tmp / 'checkout', private / 'python')
-  r = subprocess.run([sys.executable, str(REPO / 'systemd/install.py'), '--bindir', str(bindir), '--unitdir', str(tmp_path / 'units'),
-                      '--envfile', str(tmp_path / 'modeld.env'), '--user', 'nobody'], capture_output=True, text=True, timeout=60)
+  r = install_here(tmp_path, '--user', 'nobody', bindir=bindir)
   assert r.returncode == 1 and not list(tmp_path.iterdir()), r.stdout + r.stderr
   assert f"nobody cannot enter {private} (mode 0700" in r.stderr, r.stderr
   python = install.python_paths(bindir)
