@@ -46,6 +46,10 @@ class RouteSummary:
   wall_s: float = 0.            # sum of the segments' wall times on their workers
   errors: list[str] = field(default_factory=list)
 
+def remove_partial(out: Path) -> None:
+  """The temporary outputs of segments not completed (a segment is written as .<route>--<n>.tmp, renamed when whole)."""
+  for tmp in out.glob("*/.*.tmp"): shutil.rmtree(tmp, ignore_errors=True)
+
 def route_jobs(routes: list[str], out: Path) -> list[Job]:
   """A job per segment of each route (a segment range after a route, as openpilot writes it, picks some: ROUTE/2:4),
   named as openpilot names them: a route folder or a route name gives its name; a segment folder its route's."""
@@ -112,7 +116,7 @@ def run(args) -> int:
   from modeld_batch.segment import SegmentWorker
   out = Path(args.out)
   jobs = route_jobs(args.routes, out)
-  for tmp in out.glob("*/.*.tmp"): shutil.rmtree(tmp, ignore_errors=True)   # what an interrupted run left
+  remove_partial(out)   # what an interrupted run left
   done = {j.out for j in jobs if (Path(j.out) / "rlog.zst").is_file()}
   if done and not args.resume:
     sys.exit(f"modeld-batch: {out} already holds {len(done)} of these segments' outputs: give --resume to skip them, or another --out")
@@ -173,7 +177,7 @@ def run(args) -> int:
     t2 = time.monotonic()
     ray.shutdown()
     if interrupted:
-      for tmp in out.glob("*/.*.tmp"): shutil.rmtree(tmp, ignore_errors=True)
+      remove_partial(out)
   t1 = t1 or t2
   report(summary, out, {"wall_s": time.monotonic() - t0, "ray_s": ray_s, "start_s": max(t1 - t_ray - ray_s, 0.), "job_s": t2 - t1})
   return 130 if interrupted else 1 if any(s.errors for s in summary.values()) else 0

@@ -4,10 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
-  echo "setup: Python 3.11 or newer is needed (python3 is $(python3 -V 2>&1)): Debian 12, Ubuntu 24.04 or later" >&2; exit 1; }
-
 need=()
+command -v python3 >/dev/null || need+=(python3)        # a minimal image may have none
 command -v clang >/dev/null || need+=(clang)            # tinygrad's CPU backend compiles with clang
 python3 -c 'import ensurepip' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
@@ -20,6 +18,9 @@ if [ ${#need[@]} -gt 0 ]; then
     exit 1
   fi
 fi
+
+python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
+  echo "setup: Python 3.11 or newer is needed (python3 is $(python3 -V 2>&1)): Debian 12, Ubuntu 24.04 or later" >&2; exit 1; }
 
 stamp=.venv/.installed
 if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && [ "$stamp" -nt requirements.lock ]; then exit 0; fi
