@@ -26,12 +26,13 @@ Guarantees (each has a test in tests/test_msgq.py):
   bytes: a publisher queues for each subscriber at least QUEUE_BYTES (64 MiB, counting MSG_OVERHEAD per message)
   and at most four times that, sized from the size class (power of two, rounded down) of the largest message it has
   sent so far (so at least 1,023 messages of 64 KiB, or 58,255 of 1 KiB, whatever the endpoint's max_size); a
-  subscriber queues as much again, sized from its max_size.
+  subscriber queues as much again, sized from its max_size. Before its first message, and for a TCP subscriber that
+  connects after it, a publisher's queues are sized from its max_size (bounded in bytes, fewer messages).
   A reader that keeps reading loses nothing of a burst that fits; the publisher's memory stays bounded whatever
-  its readers do. Not yet for a subscriber that connects after the size class last grew: libzmq gives its
-  connection the mark the socket had at bind(), queue_len(0), until the next larger class; and lowering the mark
-  of live connections (setsockopt SNDHWM) can crash libzmq 4.3.5 while a subscriber is leaving (see
-  docs/RELIABILITY.md), which the size classes make rare (a re-size per doubling of the largest message);
+  its readers do. libzmq gives a new connection the mark its socket had when the listener bound, so each new size
+  class also binds a new ipc listener at the same path (the old one keeps its connections; new ones reach the new
+  file). Re-sizing live queues (setsockopt SNDHWM) can crash libzmq 4.3.5 while a subscriber is leaving (see
+  docs/RELIABILITY.md): hence once per size class, not per new largest message;
 - a message larger than a subscriber's max_size is refused by it (counted in `refused`, logged); publishers
   refuse to send more than their own max_size. Only a message over 4x the subscriber's max_size (from a
   publisher with another services table) ends the connection, as a ZMQ protocol error, until the subscriber
@@ -115,8 +116,18 @@ class Context:
 
 class _PubState:
   """What a publisher shares with its pump thread: the thread holds this, never the PubSocket."""
-  def __init__(self, sock: zmq.Socket):
-    self.sock, self.readers, self.mutex, self.closed, self.size_class = sock, 0, threading.Lock(), False, 0
+  def __init__(self, sock: zmq.Socket, path: str):
+    self.sock, self.path, self.readers, self.mutex, self.closed, self.size_class = sock, path, 0, threading.Lock(), False, 0
+
+  def resize(self, n: int) -> None:
+    """Size every queue for messages of n bytes' size class (caller holds the mutex). Live connections take the new
+    mark from setsockopt; a later one takes the mark its listener was bound with, so a new ipc listener replaces the
+    old at the same path (the bind unlinks the old file; the old listener's connections live on). A TCP port cannot
+    be bound twice: TCP subscribers that connect later keep the mark of the first bind."""
+    self.size_class = 1 << (max(n, 1).bit_length() - 1)
+    self.sock.setsockopt(zmq.SNDHWM, queue_len(self.size_class))
+    try: self.sock.bind("ipc://" + self.path)
+    except zmq.ZMQError as e: logger.warning("%s: new subscribers keep the old queue size: %s", self.path, e)
 
   def process(self) -> None:
     # caller holds the mutex; reading EVENTS makes ZMQ attach new subscribers and queue their (un)subscriptions
@@ -174,7 +185,7 @@ class PubSocket:
         raise IpcError(f"cannot lock {path}.lock: {e}") from None
     s = context.context.socket(zmq.XPUB)
     s.setsockopt(zmq.LINGER, 0)
-    s.setsockopt(zmq.SNDHWM, queue_len(0))   # lowered once per size class its messages reach (libzmq applies it to existing peers)
+    s.setsockopt(zmq.SNDHWM, queue_len(max_size))   # bounded in bytes until the first message sets its size class
     s.setsockopt(zmq.XPUB_NODROP, 0)
     # manual subscriptions: every subscribe reaches us (a reader count, token topics) and takes effect when we apply
     # it. Not XPUB_MANUAL_LAST_VALUE: that sends the next message after a subscription to its subscriber alone
@@ -186,7 +197,7 @@ class PubSocket:
     except zmq.ZMQError as e:
       s.close(); os.close(lock_fd)
       raise IpcError(f"cannot publish {endpoint!r}: {e}") from None
-    self._lock_fd, self._wake, self._st = lock_fd, os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK), _PubState(s)
+    self._lock_fd, self._wake, self._st = lock_fd, os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK), _PubState(s, path)
     self._pump = threading.Thread(target=_pump, args=(self._st, s.getsockopt(zmq.FD), self._wake), name=f"msgq-pub-{endpoint}", daemon=True)
     self._pump.start()
 
@@ -204,9 +215,7 @@ class PubSocket:
       # queues stay bounded in bytes: fewer messages once they are larger. Re-sized per size class (the power of two
       # at or below the largest message), not per new largest message: each re-size of live queues risks libzmq
       # 4.3.5's crash (below), and a daemon's sizes settle in one class after its first messages
-      if n >= 2 * st.size_class:
-        st.size_class = 1 << (max(n, 1).bit_length() - 1)
-        st.sock.setsockopt(zmq.SNDHWM, queue_len(st.size_class))
+      if n >= 2 * st.size_class: st.resize(n)
       st.sock.send(data, copy=not (isinstance(data, bytes) and n >= ZERO_COPY_MIN))
     return n
 

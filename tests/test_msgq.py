@@ -329,6 +329,27 @@ def test_queues_are_resized_once_per_size_class():
     assert hwm // 2 * (size_class + MSG_OVERHEAD) >= QUEUE_BYTES and hwm * (2 * size_class + MSG_OVERHEAD) <= 4 * QUEUE_BYTES + 4 * size_class
   pub.close()
 
+def test_a_subscriber_that_connects_after_the_size_class_grew_gets_the_bounded_queue():
+  """libzmq gives a connection the mark its listener was bound with. A subscriber that connects after the first 1 MiB
+  message and reads nothing while 600 more are sent finds the queue of that size class: at least half the publisher's
+  mark for 1 MiB, at most that mark and its own. Not the mark of the first bind (sized from the 16 MiB max_size: 16
+  kept), nor no bound at all (an empty message's mark: all 600 kept)."""
+  size, n = MiB, 600
+  pub = msgq.pub_sock("ep")
+  msg = bytearray(size)
+  pub.send(msg)   # sets the size class, and with it the mark of every later connection
+  sub = msgq.sub_sock("ep", timeout=1000)
+  assert sub.confirmed
+  for i in range(n):
+    msg[:4] = i.to_bytes(4, "little")
+    pub.send(msg)
+  got = []
+  while (m := sub.receive()) is not None: got.append(int.from_bytes(m[:4], "little"))
+  bound = queue_len(size) + queue_len(msgq.DEFAULT_MAX_SIZE) + 4   # + what the kernel's socket buffer holds
+  assert queue_len(size) // 2 <= len(got) <= bound, f"the late subscriber kept {len(got)} of {n} messages of 1 MiB (bound {bound})"
+  assert got == list(range(len(got)))
+  pub.close(); sub.close()
+
 def test_a_reader_that_reads_nothing_of_a_burst_gets_at_least_58255_messages_of_1_KiB():
   """What docs/RELIABILITY.md promises: the publisher's queue for a subscriber holds at least QUEUE_BYTES, counting
   MSG_OVERHEAD per message, i.e. 58,255 messages of 1 KiB (its high-water mark is twice that: libzmq may count it
