@@ -11,11 +11,11 @@ import numpy as np
 from modeld_service import Stats, add_log_level, StopFlag, Watchdog, notify, set_process_title, setup_logging
 from modeld_service.extras import needs_extra
 from cereal import log as capnp_log, messaging
-from cereal.services import (ANSWERS, CAMERA_OF_STREAM as CAMERA_OF, CAMERA_STATE_SERVICES, DMONITORINGD_OUTPUTS, SERVICES,
+from cereal.services import (ANSWERS, CAMERA_OF_STREAM as CAMERA_OF, CAMERA_STATE_SERVICES, SERVICES, answer_streams,
                              road_streams)
 from msgq import IpcError
 from msgq.pubsub import RECONNECT_IVL_MAX_S
-from msgq.visionipc import DRIVER, NV12Layout, VisionIpcServer
+from msgq.visionipc import NV12Layout, VisionIpcServer
 from msgq.visionipc.server import MAX_BUFFERS
 from camerad.scene import shipped_scenes
 with needs_extra("camerad", "camera"):   # PyAV and zstandard: video files, devices and logs
@@ -206,15 +206,14 @@ LOCKSTEP_READERS_S = 2.
 class Lockstep:
   """Waits for the daemons' outputs (frameId == the frame just sent) before the next frame is sent."""
   def __init__(self, services: list[str] | None, streams, timeout: float, stop: StopFlag, idle=lambda: None):
-    self.explicit, self.timeout, self.stop, self.idle, self.socks = services, timeout, stop, idle, {}
-    self.main = (road_streams(streams) or (None,))[0]   # modeld's main camera: its frames are the ones modelV2 answers
-    if not self.answers(streams): raise OptionError("--lockstep: the source serves no camera stream, nothing to wait for")
+    self.timeout, self.stop, self.idle, self.socks = timeout, stop, idle, {}
+    self.expect = answer_streams(services or ANSWERS, streams)   # any service not dmonitoringd's answers a road frame
+    if not self.expect: raise OptionError("--lockstep: the source serves no camera stream, nothing to wait for")
 
   def answers(self, streams) -> dict[str, int]:
-    """What answers a frame of these streams, and the stream whose frame id it carries: modeld's modelV2 the main
-    camera's frame, dmonitoringd's driverStateV2 the driver's (or the --lockstep-services given)."""
-    out = {s: DRIVER if s in DMONITORINGD_OUTPUTS else self.main for s in self.explicit or ANSWERS}   # any other service: a road frame
-    return {s: stream for s, stream in out.items() if stream in streams}
+    """What answers a frame of these streams (of those served), and the stream whose frame id it carries: modeld's
+    modelV2 the main camera's frame, dmonitoringd's driverStateV2 the driver's (or the --lockstep-services given)."""
+    return {s: stream for s, stream in self.expect.items() if stream in streams}
 
   def wait_for_clients(self, server: VisionIpcServer, streams, pm, since: float) -> None:
     """Before the first frame: a frame sent before a daemon's client subscribed would never be answered, and messages

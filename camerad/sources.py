@@ -237,19 +237,19 @@ def open_source(specs: list[str], cameras: list[str] | None = None, services: li
   driver; road if not given), '[CAM=]/dev/videoN', or LOGs (routes, segments or log files, one after the other).
   Specs that do not go together, an unknown camera name and options that do not apply to the source: OptionError."""
   if not specs: raise OptionError("no --source given")
-  first = specs[0]
-  if first.startswith("synthetic:"):
-    if len(specs) > 1: raise OptionError(f"a synthetic source serves every camera of its scene; got more sources {specs[1:]}")
-    if services or messages_only: raise OptionError("--services and --messages-only apply to a LOG source, not to a synthetic scene")
-    return SyntheticSource(first.split(":", 1)[1], cameras)
-  if cameras: raise OptionError("--cameras applies to a synthetic scene; video files and logs serve the cameras they have")
   def split(spec: str) -> tuple[str | None, str]:
     cam, sep, path = spec.partition("=")
     if sep and cam not in STREAMS and "/" not in cam and not os.path.exists(spec):   # CAM=FILE whose CAM is no camera
       raise OptionError(f"--source {spec!r}: unknown camera {cam!r}; expected {', '.join(STREAMS)} (CAM=FILE)")
     return (cam, path) if sep and cam in STREAMS else (None, spec)
-  if all(split(p)[0] is None and _is_log(p) for p in specs): return LogSource(specs, services, messages_only)
-  if services or messages_only: raise OptionError("--services and --messages-only apply to a LOG source, not to video files or devices")
+  synthetic = (first := specs[0]).startswith("synthetic:")
+  if synthetic and len(specs) > 1: raise OptionError(f"a synthetic source serves every camera of its scene; got more sources {specs[1:]}")
+  if cameras and not synthetic: raise OptionError("--cameras applies to a synthetic scene; video files and logs serve the cameras they have")
+  logs = not synthetic and all(split(p)[0] is None and _is_log(p) for p in specs)
+  if (services or messages_only) and not logs:
+    raise OptionError(f"--services and --messages-only apply to a LOG source, not to {'a synthetic scene' if synthetic else 'video files or devices'}")
+  if synthetic: return SyntheticSource(first.split(":", 1)[1], cameras)
+  if logs: return LogSource(specs, services, messages_only)
   files: dict[int, str] = {}
   for spec in specs:
     cam, path = split(spec)

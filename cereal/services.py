@@ -74,3 +74,10 @@ def road_streams(streams) -> tuple[int, ...] | None:
   road, wide = CAMERAS["road"].stream, CAMERAS["wide"].stream
   if road in streams: return (road, wide) if wide in streams else (road,)
   return (wide,) if wide in streams else None
+
+def answer_streams(services, streams) -> dict[str, int]:
+  """The stream whose frame id each of `services` carries when the daemons run frames of `streams`: dmonitoringd's
+  outputs the driver's, any other the road model's main stream (see road_streams). Services whose stream is not
+  served are left out."""
+  main, driver = (road_streams(streams) or (None,))[0], CAMERAS["driver"].stream
+  return {s: st for s in services if (st := driver if s in DMONITORINGD_OUTPUTS else main) in streams}

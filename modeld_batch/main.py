@@ -15,6 +15,7 @@ import argparse, json, os, shutil, socket, sys, time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from modeld_service import reader_left
 from modeld_service.extras import needs_extra
 
 RETRIES = 3   # a segment whose worker died (killed, out of memory) is run again this often on a new worker
@@ -72,18 +73,16 @@ def check_layouts(jobs: list[Job], arts: dict) -> None:
   """Every route's cameras have a buffer layout in the artifacts: each camera's size from the first of its segments
   whose video opens (a video that does not is its segment's error, later)."""
   from cereal.services import CAMERAS
-  from oproute.video import VideoDecoder, VideoError
+  from oproute.video import VideoError, video_size
   from modelrt.artifact import stream_layouts
   seen = set()
   for j in jobs:
     sizes = {}
     for c in CAMERAS.values():
       if (j.route, c.stream) in seen or not (v := Path(j.src) / c.video).is_file(): continue
-      try: d = VideoDecoder(v, Counter())
+      try: sizes[c.stream] = video_size(v)
       except VideoError: continue
-      d.close()
       seen.add((j.route, c.stream))
-      sizes[c.stream] = (d.width, d.height)
     try: stream_layouts(arts, sizes)
     except ValueError as e: raise ValueError(f"{j.src}: {e}") from None
 
@@ -201,11 +200,6 @@ def report(summary: dict[str, RouteSummary], out: Path, times: dict[str, float])
   (out / "summary.json").write_text(json.dumps({**times, "routes": [asdict(s) for s in summary.values()]}, indent=1))
   try: print("\n".join(rows), flush=True)
   except BrokenPipeError: reader_left()
-
-def reader_left() -> None:
-  """stdout's reader has gone (`modeld-batch ... | head`): what is left to print goes nowhere, quietly, and the
-  command goes on (and keeps its exit status)."""
-  os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 def diff(args) -> int:
   from modeld_tools.compare import compare, route_outputs, table

@@ -201,3 +201,8 @@ def exit_now(code: int) -> NoReturn:
     try: f.flush()
     except (OSError, ValueError): pass
   os._exit(code)
+
+def reader_left() -> None:
+  """stdout's reader has gone (`modeld-dump ... | head`): what is left to print goes nowhere, quietly (no
+  BrokenPipeError at exit), and the command keeps its exit status."""
+  os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -7,6 +7,7 @@ the TCP address), and it goes on waiting.
 import argparse, base64, json, os, sys, time
 import numpy as np
 from cereal.services import SERVICES
+from modeld_service import reader_left
 
 WAITING_NOTE_S = 3.   # with nothing of a service by then, say so: a missing publisher or a wrong --addr/--prefix is silent
 
@@ -133,8 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         rates.reset(now)
     if args.hz and printed: print(rates.report(time.monotonic()), flush=True)
   except KeyboardInterrupt: pass
-  except BrokenPipeError:   # `modeld-dump ... | head`: the reader left; so do we, quietly
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+  except BrokenPipeError: reader_left()   # `modeld-dump ... | head`: the reader left; so do we, quietly
   return 0
 
 if __name__ == '__main__':

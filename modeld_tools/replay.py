@@ -15,8 +15,7 @@ from __future__ import annotations
 import argparse, os, shutil, signal, subprocess, sys, tempfile, time
 from datetime import datetime
 from pathlib import Path
-from cereal.services import CAMERA_OF_STREAM, CAMERA_STATE_SERVICES, CAMERAS, STREAM_OF_STATE, road_streams
-from msgq.visionipc import DRIVER
+from cereal.services import ANSWERS, CAMERA_OF_STREAM, CAMERA_STATE_SERVICES, CAMERAS, STREAM_OF_STATE, answer_streams
 from msgq import runtime_dir
 from modeld_service.extras import needs_extra
 from modelrt.artifact import ArtifactError, camerad_layouts
@@ -132,8 +131,7 @@ example: modeld-replay realdata/2026-11-30--04-00-00--3 --artifacts artifacts --
   ref, _ = route_outputs(args.route, compared)
   new, sources = route_outputs(out, compared)
   streams = {STREAM_OF_STATE[svc] for svc in sources}
-  answered = [*(road_streams(streams) or ())[:1], *({DRIVER} & streams)]   # the streams whose frame ids the answers carry
-  frame_map = {CAMERAS[CAMERA_OF_STREAM[s]].answer: sources[CAMERA_STATE_SERVICES[s]] for s in answered}
+  frame_map = {svc: sources[CAMERA_STATE_SERVICES[s]] for svc, s in answer_streams(ANSWERS, streams).items()}
   new = {svc: {frame_map.get(svc, {}).get(fid, fid): v for fid, v in outs.items()} for svc, outs in new.items()}
   if args.frames:   # only the source frames replayed are expected
     ref = {svc: {fid: v for fid, v in outs.items() if fid <= max(frame_map.get(svc, {}).values(), default=-1)} for svc, outs in ref.items()}

@@ -92,6 +92,12 @@ class VideoDecoder:
 
   def close(self) -> None: self.container.close()
 
+def video_size(path: Path) -> tuple[int, int]:
+  """(width, height) of a video file; VideoError if it does not open."""
+  d = VideoDecoder(path, Counter())
+  d.close()
+  return d.width, d.height
+
 class EncodeIndex:
   """Where each camera's frames are: {camera: {frameId: (segmentNum, segmentId)}}, from a route's EncodeIndex events
   (full-resolution HEVC ones only; a qcamera index is another file)."""
@@ -126,9 +132,7 @@ class CameraVideo:
   def size(self) -> tuple[int, int]:
     """(width, height) of the first video file; VideoError if there is none that opens."""
     if not (files := self.files()): raise VideoError(f"no {CAMERAS[self.camera].video} for the {self.camera} camera's indexed frames")
-    d = VideoDecoder(files[0], self.skipped)
-    d.close()
-    return d.width, d.height
+    return video_size(files[0])
 
   def _open(self, seg: int) -> None:
     self.close()
