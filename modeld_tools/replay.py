@@ -12,7 +12,7 @@ camera's states and index without dcamera.hevc unless RecordFront is on); the ou
 replayed are not compared, and the report says so.
 """
 from __future__ import annotations
-import argparse, os, shutil, signal, subprocess, sys, tempfile, time
+import argparse, os, re, shutil, signal, subprocess, sys, tempfile, time
 from datetime import datetime
 from pathlib import Path
 from cereal.services import ANSWERS, CAMERA_OF_STREAM, CAMERA_STATE_SERVICES, CAMERAS, STREAM_OF_STATE, answer_streams
@@ -97,6 +97,7 @@ example: modeld-replay realdata/2026-11-30--04-00-00--3 --artifacts artifacts --
   ap.add_argument("--frames", type=int, metavar="N", help="replay only the first N frames")
   ap.add_argument("--timeout", type=float, default=60., metavar="S", help="seconds to wait for the daemons to start and for each answer (default 60)")
   args = ap.parse_args(argv)
+  if not args.timeout > 0: ap.error(f"--timeout: expected S > 0, got {args.timeout}")
   if args.frames is not None and args.frames < 1: ap.error(f"--frames: expected >= 1, got {args.frames}")
   if args.tolerance is not None and not args.tolerance >= 0: ap.error(f"--tolerance: expected X >= 0, got {args.tolerance}")
   out = args.out or Path("routes") / datetime.now().strftime("replay--%Y-%m-%d--%H-%M-%S")
@@ -110,17 +111,28 @@ example: modeld-replay realdata/2026-11-30--04-00-00--3 --artifacts artifacts --
     return 1
   os.environ["OPENPILOT_PREFIX"] = f"replay{os.getpid()}"   # a private stack: its topics and camera buffers are its own
   made = [p for p in (out, *out.parents) if not p.exists()]   # what the recorder will create: a failed replay removes it
+  stop_signal = signal.SIGINT
+  def terminated(signum, _frame):   # SIGTERM (a service manager, `timeout`, a cancelled job) stops it as Ctrl-C does
+    nonlocal stop_signal
+    stop_signal = signum
+    signal.signal(signum, signal.SIG_IGN)   # once: a second one must not cut the clean-up short
+    raise KeyboardInterrupt
+  signal.signal(signal.SIGTERM, terminated)
   with tempfile.TemporaryDirectory(prefix="modeld-replay-") as logs:
     t0 = time.monotonic()
     try: err = run_stack(args.route, out, args.artifacts, cameras, layouts, Path(logs), args.frames, args.timeout)
     except KeyboardInterrupt: err = "interrupted"
+    # what camerad warned of (frames it could not serve, logs cut short) is the replay's to say too: left out, a damaged
+    # route would replay as a short one without a word
+    if (camerad_log := Path(logs) / "camerad.log").exists():
+      for m in re.finditer(r"(?:warning|error) camerad: (.*)", camerad_log.read_text()): print(f"modeld-replay: camerad: {m.group(1)}", file=sys.stderr)
     if err is not None:
       shutil.rmtree(out, ignore_errors=True)   # a partial route: nothing to compare, and it would read as a replay
       for p in made[1:]:
         try: p.rmdir()   # the folders above it, when created for it and empty
         except OSError: break
       print(f"modeld-replay: {err}\nno route written (the partial {out} was removed)", file=sys.stderr)
-      return 130 if err == "interrupted" else 1
+      return 128 + stop_signal if err == "interrupted" else 1
   print(f"replayed {', '.join(cameras)} of {' '.join(args.route)} in {time.monotonic() - t0:.1f} s into {out}")
   compared = [svc for svc in FIELDS if svc in {CAMERAS[c].answer for c in cameras}]
   for svc in FIELDS:

@@ -153,3 +153,26 @@ def test_modeld_replay_serves_the_artifacts_layout_and_leaves_nothing_when_it_fa
   r = run("modeld_tools.replay", tmp_path / "route", "--artifacts", tmp_path / "other", "--out", tmp_path / "none")
   assert r.returncode == 1 and f"the road camera is 64x48, {tmp_path / 'other' / 'road'} was built for {UNSERVED_LAYOUT}" in r.stderr, r.stderr
   assert "--camera 64x48" in r.stderr and not (tmp_path / "none").exists(), r.stderr
+
+def test_modeld_replay_stops_its_stack_on_sigterm_and_passes_camerad_warnings_on(tiny_artifacts, scene, tmp_path):
+  """SIGTERM (a service manager, `timeout`, a cancelled CI job) stops modeld-replay as Ctrl-C does: its daemons,
+  recorder and camerad stop with it, the partial route is removed, exit 128 + 15. A route whose segment 1 video is
+  damaged replays segment 0, and what camerad could not serve is said on stderr, not only in camerad's log."""
+  import signal, time
+  write_route(tmp_path / "route", scene, ("road", "driver"), segments=2, frames=5)
+  (tmp_path / "route" / "route--1" / "fcamera.hevc").write_bytes(os.urandom(4000))
+  r = run("modeld_tools.replay", tmp_path / "route", "--artifacts", tiny_artifacts, "--out", tmp_path / "new")
+  assert r.returncode == 0 and "modeld-replay: camerad: skipped" in r.stderr and "fcamera.hevc" in r.stderr, r.stdout + r.stderr
+  write_route(tmp_path / "long", scene, ("road", "driver"), segments=1, frames=400)
+  p = subprocess.Popen([sys.executable, "-m", "modeld_tools.replay", str(tmp_path / "long"), "--artifacts", str(tiny_artifacts), "--out",
+                        str(tmp_path / "cut")], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "DEV": "CPU"})
+  deadline, kids = time.monotonic() + 60, []
+  while time.monotonic() < deadline and len(kids) < 4:   # modeld, dmonitoringd, the recorder and camerad
+    kids = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
+    time.sleep(0.2)
+  assert len(kids) == 4, f"the stack did not start: {kids}"
+  time.sleep(2)
+  p.send_signal(signal.SIGTERM)
+  _, err = p.communicate(timeout=60)
+  assert p.returncode == 128 + signal.SIGTERM and "no route written" in err and not (tmp_path / "cut").exists(), err
+  assert not [k for k in kids if os.path.exists(f"/proc/{k}") and open(f"/proc/{k}/stat").read().split()[2] != "Z"], "a process of the stack outlived it"
