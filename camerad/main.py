@@ -67,7 +67,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
   pace.add_argument("--fps", type=float, help="serve at this fixed rate instead of the source's")
   pace.add_argument("--lockstep", action="store_true", help="send each frame after the daemons answered the previous one")
   ap.add_argument("--lockstep-services", metavar="LIST", help="outputs to wait for (default: modelV2 when road or wide "
-                  "is served, driverStateV2 when driver is)")
+                  "is served, driverStateV2 when driver is); only the daemons that publish them need to run")
   ap.add_argument("--lockstep-timeout", type=float, default=30.0, metavar="S",
                   help="seconds to wait for a client of each stream and for each frame's outputs; then exit 1 (default: 30)")
   ap.add_argument("--loop", action="store_true", help="start over at the end (frame ids keep increasing)")
@@ -209,20 +209,24 @@ class Lockstep:
     self.timeout, self.stop, self.idle, self.socks = timeout, stop, idle, {}
     self.expect = answer_streams(services or ANSWERS, streams)   # any service not dmonitoringd's answers a road frame
     if not self.expect: raise OptionError("--lockstep: the source serves no camera stream, nothing to wait for")
+    # the daemons waited for: modeld takes every road stream (its frames go in pairs), dmonitoringd the driver's; a
+    # stream no awaited answer comes from (the driver's with --lockstep-services modelV2) is served without waiting
+    road = set(road_streams(streams) or ())
+    self.clients = [s for s in streams if s in self.expect.values() or (s in road and road & set(self.expect.values()))]
 
   def answers(self, streams) -> dict[str, int]:
     """What answers a frame of these streams (of those served), and the stream whose frame id it carries: modeld's
     modelV2 the main camera's frame, dmonitoringd's driverStateV2 the driver's (or the --lockstep-services given)."""
     return {s: stream for s, stream in self.expect.items() if stream in streams}
 
-  def wait_for_clients(self, server: VisionIpcServer, streams, pm, since: float) -> None:
+  def wait_for_clients(self, server: VisionIpcServer, pm, since: float) -> None:
     """Before the first frame: a frame sent before a daemon's client subscribed would never be answered, and messages
     sent before its subscriptions reach camerad's publishers (up since `since`) would be lost (a log's calibration,
     say). Publishers no daemon subscribes to within LOCKSTEP_READERS_S are not waited for."""
     deadline = time.monotonic() + self.timeout
-    while not self.stop and not all(server.has_readers(s) for s in streams):
+    while not self.stop and not all(server.has_readers(s) for s in self.clients):
       if time.monotonic() > deadline:
-        missing = [CAMERA_OF[s] for s in streams if not server.has_readers(s)]
+        missing = [CAMERA_OF[s] for s in self.clients if not server.has_readers(s)]
         raise LockstepTimeout(f"--lockstep: no VisionIPC client for {', '.join(missing)} within {self.timeout:g} s: is the daemon running?")
       self.idle()
       time.sleep(0.01)
@@ -233,7 +237,7 @@ class Lockstep:
       time.sleep(0.01)
     # subscribe now: a daemon's publisher is normally up once its camera client is, and a subscription to a running
     # publisher is live when sub_sock returns, so the answer to the first frame cannot slip by while connecting
-    self.socks = {s: messaging.sub_sock(s, timeout=100) for s in self.answers(streams)}   # not conflated: no answer is missed
+    self.socks = {s: messaging.sub_sock(s, timeout=100) for s in self.expect}   # not conflated: no answer is missed
 
   def wait(self, frame_ids: dict[int, int]) -> None:
     """frame_ids: the frame just sent on each stream."""
@@ -278,7 +282,7 @@ def serve(args: argparse.Namespace, source: Source, stop: StopFlag) -> int:
     log.info("serving %s as %r: %s", ", ".join(args.source), args.name,
              ", ".join(f"{CAMERA_OF[s]} {l}" for s, l in layouts.items()) or "messages only")
     notify("READY=1", f"STATUS=serving {', '.join(CAMERA_OF[s] for s in layouts)}")
-    if lock is not None: lock.wait_for_clients(server, list(layouts), pm, pm_up)
+    if lock is not None: lock.wait_for_clients(server, pm, pm_up)
     return run(args, source, server, pm, lock, layouts, stop, watchdog)
   finally:
     if lock is not None: lock.close()

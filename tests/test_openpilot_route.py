@@ -25,6 +25,10 @@ def test_openpilot_route_replays_through_both_daemons(tiny_artifacts, scene, tmp
     for svc in col.msgs: col.msgs[svc].clear()
     lockstep(f"{tmp_path / 'route'}/1", col, "--start", "112", "--frames", "5")   # segment 1, as openpilot names it
     assert [ev.modelV2.frameId for ev in col.wait("modelV2", 5)] == list(range(112, 117))
+    daemons.pop().stop()   # modeld alone: lockstep on modelV2 waits for no driver client
+    for svc in col.msgs: col.msgs[svc].clear()
+    lockstep(f"{tmp_path / 'route'}/0", col, "--lockstep-services", "modelV2", "--frames", "4")
+    assert [ev.modelV2.frameId for ev in col.wait("modelV2", 4)] == list(range(100, 104))
   finally:
     for d in daemons: d.stop()
     col.close()
