@@ -84,7 +84,7 @@ struct Event {
     customReservedRawData2 @126 :Data;
     carOutput @127 :AnyPointer;
     drivingModelData @128 :DrivingModelData;
-    livePose @129 :AnyPointer; selfdriveState @130 :AnyPointer; liveTracks @131 :AnyPointer;
+    livePose @129 :AnyPointer; selfdriveState @130 :SelfdriveState; liveTracks @131 :AnyPointer;
     driverAssistance @132 :AnyPointer; alertDebug @133 :AnyPointer; onroadEvents @134 :AnyPointer;
     touch @135 :AnyPointer; customReserved10 @136 :AnyPointer; customReserved11 @137 :AnyPointer;
     customReserved12 @138 :AnyPointer; customReserved13 @139 :AnyPointer; customReserved14 @140 :AnyPointer;
@@ -411,6 +411,20 @@ struct DriverStateV2 {
     notReadyProb @12 :List(Float32);
     phoneProb @13 :Float32;
     sleepProb @14 :Float32;
+  }
+}
+
+struct SelfdriveState {   # what dmonitoringd reads of it: openpilot engaged or not
+  state @0 :OpenpilotState;
+  enabled @1 :Bool;
+  active @2 :Bool;
+
+  enum OpenpilotState @0xdbe58b96d2d1ac61 {
+    disabled @0;
+    preEnabled @1;
+    enabled @2;
+    softDisabling @3;
+    overriding @4;   # the driver steers or presses the gas while engaged
   }
 }
 

@@ -32,6 +32,7 @@ SERVICES: dict[str, Service] = {
   "liveCalibration": Service(4., True, 4),
   "carState": Service(100., True, 10),
   "carControl": Service(100., True, 10),
+  "selfdriveState": Service(100., True, 10),
   "deviceState": Service(2., True, 1),
   "liveDelay": Service(4., True, 1),
 }

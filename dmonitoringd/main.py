@@ -4,9 +4,9 @@ Start-up: verify the dm artifact and load its model (a bad one exits 78 at once)
 stream (polled every 0.1 s), connect (conflated: always the newest frame), load the warp for the buffer layout, one
 warm-up replay, READY=1. Every frame: the driver model's step (dmonitoringd/model.py): Y-plane warp to the model's
 1440x960 input with liveCalibration.rpyCalib as the model's calib input, parse both driver sides, publish
-driverStateV2, then the policy's driverMonitoringState (face, distraction, awareness, isRHD; modeld reads isRHD). A
-frame whose outputs cannot be parsed is skipped; 20 in a row exit 78. A bad calibration, a torn frame or non-finite
-outputs publish valid=False.
+driverStateV2, then openpilot's monitoring policy's driverMonitoringState (face, distraction, awareness, isRHD; modeld
+reads isRHD). A frame whose outputs cannot be parsed is skipped; 20 in a row exit 78. A bad calibration, a torn frame
+or non-finite outputs publish valid=False.
 """
 from __future__ import annotations
 import sys

@@ -3,11 +3,12 @@ modeld-batch recorded ones.
 
 Inputs: the driver camera's warp to the model's 1440x960 Y input (from the camera-state message's sensor, or
 --sensor), liveCalibration.rpyCalib as the model's calib input. The outputs of both driver sides are parsed by the
-artifact's contract into driverStateV2, then the policy's driverMonitoringState (face, distraction, awareness, isRHD;
-modeld reads isRHD). gpuExecutionTime is the wall time from the frame in hand through the input preparation, the
-warp + model replays and the copy-out (on the CPU backend there is no separate device clock); modelExecutionTime adds
-parsing. A bad calibration, a torn frame or non-finite outputs publish valid=False; the policy learns only from
-finite, untorn frames.
+artifact's contract into driverStateV2, then openpilot's monitoring policy (dmonitoringd/policy.py, with carState,
+selfdriveState and the calibration) gives driverMonitoringState (face, distraction, awareness, isRHD; modeld reads
+isRHD). gpuExecutionTime is the wall time from the frame in hand through the input preparation, the warp + model
+replays and the copy-out (on the CPU backend there is no separate device clock); modelExecutionTime adds parsing.
+A bad calibration, a torn frame or non-finite outputs publish valid=False; the policy learns only from finite,
+untorn frames.
 """
 from __future__ import annotations
 import time
@@ -19,9 +20,11 @@ from dmonitoringd.fill_msgs import fill_driver_state, fill_monitoring_state
 from dmonitoringd.parse import parse_dm_outputs
 from dmonitoringd.policy import DriverMonitoring
 
+PHONE_THRESH = {'os04c10': 0.75}   # openpilot's for the device with this driver camera (mici); others: the policy's default
+
 class DriverModel(FrameModel):
   PUBLISHES = ['driverStateV2', 'driverMonitoringState']
-  SUBSCRIBES = ['liveCalibration', 'carState', 'driverCameraState']
+  SUBSCRIBES = ['liveCalibration', 'carState', 'selfdriveState', 'driverCameraState']
 
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
@@ -47,7 +50,11 @@ class DriverModel(FrameModel):
     msgs = [('driverStateV2', fill_driver_state(dm, buf.frame_id, time.perf_counter() - run.t0, run.run_time, valid,
                                                 run.out.raw if self.raw_predictions else None))]
     cs = self.sm['carState']
-    # the policy learns only from good frames; a bad one repeats the last state, marked invalid
-    if run.out.finite and not run.torn: self.state = self.policy.update(dm, float(cs.vEgo) if np.isfinite(cs.vEgo) else 0., bool(cs.standstill))
+    # the policy learns only from good frames; a bad one repeats the last state, marked invalid. Engaged: as openpilot,
+    # selfdriveState.enabled, false until one comes
+    if run.out.finite and not run.torn:
+      self.state = self.policy.update(dm, float(cs.vEgo) if np.isfinite(cs.vEgo) else 0., bool(cs.standstill), self.calib.rpy,
+                                      bool(self.sm['selfdriveState'].enabled), bool(cs.steeringPressed or cs.gasPressed),
+                                      PHONE_THRESH.get(self.geometry[0]))
     if self.state is not None: msgs.append(('driverMonitoringState', fill_monitoring_state(self.state, valid)))
     return msgs

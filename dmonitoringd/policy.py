@@ -1,16 +1,30 @@
-"""Driver monitoring policy: parsed driver-model outputs (+ carState) -> driverMonitoringState, openpilot's logic simplified.
+"""Driver monitoring policy: parsed driver-model outputs (+ carState, selfdriveState, liveCalibration) ->
+driverMonitoringState, following openpilot's monitoring rules (selfdrive/monitoring) step for step, except where said.
 
-- Side: the driver sits on the side of `isRHD`, openpilot's rule: wheelOnRightProb is averaged (a running mean of every
-  sample) over the frames with a face on either side while driving faster than WHEELPOS_CALIB_MIN_SPEED; once
-  WHEELPOS_MIN_COUNT such frames (15 s) were seen, isRHD is that mean above WHEELPOS_THRESHOLD, before that LHD.
-- Face detected: faceProb of the driver's side above FACE_THRESHOLD. Confident (isLowStd): the pose std is small.
-- Distracted (distractedType bits): 1 pose (pitch or yaw beyond a threshold around the learned natural offset),
-  2 eyes (both eyes closed: blink probability, weighted by eye visibility, without sunglasses), 4 phone.
-- Awareness: 1 attentive .. 0 alert. It decays while distracted (1 -> 0 in DISTRACTED_TIME with a confident face),
-  while no face is visible it decays slower (AWARENESS_TIME), and recovers when attentive, faster the lower it is.
-  At standstill it holds. The pose offsets are learned (running mean) while driving faster than POSE_CALIB_MIN_SPEED.
+- Side: wheelOnRightProb enters a RunningStatFilter (a running mean that skips a sample raising the standard deviation
+  of all samples so far) on frames with a face on either side while driving faster than WHEELPOS_CALIB_MIN_SPEED; with
+  more than WHEELPOS_FILTER_MIN_COUNT samples (15 s) isRHD is its mean above 0.5, before that LHD (openpilot: the side
+  saved on an earlier drive). While engaged the side does not change.
+- Pose: the model's angles are turned into the driver's view of the road: the angle of the face's place in the
+  picture is added (openpilot's pinhole with EFL 598 over a 1928x1208 picture, whatever the sensor), yaw flipped, the
+  calibration's pitch and yaw taken off, and yaw flipped again for a right-hand driver. Confident (isLowStd): the larger
+  of the pitch and yaw stds below POSESTD_THRESHOLD.
+- Distracted (distractedType bits), judged only with a face detected and a confident pose: 1 pose (looking down or
+  sideways beyond the thresholds around the driver's learned natural offsets: before they are learned a fixed pitch
+  threshold of 0.449), 2 eyes (both closed: blink probability weighted by eye visibility, without sunglasses), 4
+  phone (above a fixed threshold, 0.4, 0.75 for the os04c10 camera, until the driver's phone offset is learned).
+  The pose thresholds are openpilot's slack ones, which it uses while the road model's brake-disengage probability is
+  low: modelV2 is not read, as which of two processes answered a frame first would then change the state.
+- Awareness: 1 attentive .. 0 alert (-0.1 at most). Active mode (a face, the model sure of it) decays over
+  DISTRACTED_TIME while distracted, passive mode over AWARENESS_TIME while no face is seen or the pose is unsure for
+  10 s; each mode keeps its own awareness. Attentive (distraction filtered over 0.25 s below 0.37), it recovers,
+  faster the lower it is. It is reset to 1 while openpilot is not engaged (selfdriveState.enabled: a stack or a route
+  without selfdriveState is never engaged) and when the driver touches the wheel or the gas in passive mode. At
+  standstill it stops short of the prompt.
+- Not filled: `events` (openpilot's alerts), and phoneProbOffset/phoneProbValidCount (not in this schema).
 """
 from __future__ import annotations
+import math
 from dataclasses import dataclass
 import numpy as np
 from modelrt.constants import DT as DT_DMON   # the policy steps once per driver frame it runs on
@@ -21,87 +35,176 @@ class Settings:
   EYE_THRESHOLD: float = 0.65
   SG_THRESHOLD: float = 0.9
   BLINK_THRESHOLD: float = 0.865
-  PHONE_THRESHOLD: float = 0.5
-  POSE_PITCH_THRESHOLD: float = 0.3133      # rad around the natural offset
-  POSE_YAW_THRESHOLD: float = 0.4020
+  PHONE_THRESH: float = 0.4                 # until the phone offset is learned (0.75 for the os04c10 camera)
+  PHONE_THRESH2: float = 15.                # then: the learned offset times this
+  PHONE_MAX_OFFSET: float = 0.06
+  PHONE_MIN_OFFSET: float = 0.025
+  POSE_PITCH_THRESHOLD: float = 0.3237      # rad, slack (openpilot's with a low brake-disengage probability)
+  POSE_YAW_THRESHOLD: float = 0.5042
   PITCH_NATURAL_OFFSET: float = 0.029       # until the driver's own offset is learned
+  PITCH_NATURAL_THRESHOLD: float = 0.449
   YAW_NATURAL_OFFSET: float = 0.097
-  POSESTD_THRESHOLD: float = 0.3            # mean orientation std above this: the model is unsure of the pose
+  PITCH_MAX_OFFSET: float = 0.124           # the learned offsets are used within these
+  PITCH_MIN_OFFSET: float = -0.0881
+  YAW_MAX_OFFSET: float = 0.289
+  YAW_MIN_OFFSET: float = -0.0246
+  POSESTD_THRESHOLD: float = 0.3
+  DCAM_UNCERTAIN_ALERT_THRESHOLD: float = 0.1
+  DCAM_UNCERTAIN_RESET_COUNT: int = int(20 / DT_DMON)
+  HI_STD_FALLBACK_TIME: int = int(10 / DT_DMON)   # frames of an unsure pose before passive mode
+  DISTRACTED_FILTER_TS: float = 0.25
   POSE_CALIB_MIN_SPEED: float = 13.         # m/s
   POSE_OFFSET_MIN_COUNT: int = int(60 / DT_DMON)
-  POSE_OFFSET_TAU: float = 60.              # s, time constant of the learned offsets
-  DISTRACTED_TIME: float = 11.              # s from full awareness to none while distracted
-  AWARENESS_TIME: float = 35.               # s, the same while no face is seen
+  POSE_OFFSET_MAX_COUNT: int = int(360 / DT_DMON)   # later samples weigh as the last of this many
+  DISTRACTED_TIME: float = 11.              # s from full awareness to none while distracted (active mode)
+  DISTRACTED_PROMPT_TIME_TILL_TERMINAL: float = 6.
+  AWARENESS_TIME: float = 30.               # the same without a face (passive mode)
+  AWARENESS_PROMPT_TIME_TILL_TERMINAL: float = 6.
   RECOVERY_FACTOR_MAX: float = 5.
   RECOVERY_FACTOR_MIN: float = 1.25
-  WHEELPOS_MIN_COUNT: int = int(15 / DT_DMON)
   WHEELPOS_CALIB_MIN_SPEED: float = 11.     # m/s
   WHEELPOS_THRESHOLD: float = 0.5
+  WHEELPOS_FILTER_MIN_COUNT: int = int(15 / DT_DMON)
+
+EFL, PICTURE_W, PICTURE_H = 598., 1928, 1208   # the model's face position is a fraction of this picture
 
 class DistractedType:
   POSE, EYES, PHONE = 1, 2, 4
 
-class _Ema:
-  def __init__(self, tau: float, x0: float = 0.):
-    self.alpha, self.x, self.n = DT_DMON / (tau + DT_DMON), x0, 0
-  def update(self, v: float) -> None:
-    self.x = v if self.n == 0 else (1 - self.alpha) * self.x + self.alpha * v
-    self.n += 1
+class RunningMean:
+  """Mean of the samples pushed, counting at most max_n (later ones then weigh as the last of max_n)."""
+  def __init__(self, max_n: int = -1): self.max_n, self.mean, self.m2, self.n = max_n, 0., 0., 0
+  def push(self, v: float) -> None:
+    if self.max_n < 0 or self.n < self.max_n: self.n += 1
+    last = self.mean
+    self.mean = last + (v - last) / self.n
+    self.m2 += (v - last) * (v - self.mean)
+  def std(self) -> float: return math.sqrt(self.m2 / (self.n - 1)) if self.n >= 2 else 0.
 
-class _RunningMean:
-  def __init__(self): self.x, self.n = 0., 0
-  def update(self, v: float) -> None:
-    self.n += 1
-    self.x += (v - self.x) / self.n
+class FilteredMean:
+  """openpilot's RunningStatFilter: every sample enters `raw`; `filtered` takes only those that do not raise raw's std."""
+  def __init__(self, max_n: int = -1): self.raw, self.filtered = RunningMean(), RunningMean(max_n)
+  def push(self, v: float) -> None:
+    before = self.raw.std()
+    self.raw.push(v)
+    if self.raw.std() - before <= 0: self.filtered.push(v)
+
+def face_pose(orientation, position, rpy_calib) -> tuple[float, float]:
+  """(pitch, yaw) of the driver's face as seen from the road ahead: the model's angles plus the direction of the face's
+  place in the picture, less the calibration's pitch and yaw."""
+  pitch = float(orientation[0]) + math.atan2((float(position[1]) + .5) * PICTURE_H - PICTURE_H // 2, EFL) - float(rpy_calib[1])
+  yaw = -float(orientation[1]) + math.atan2((float(position[0]) + .5) * PICTURE_W - PICTURE_W // 2, EFL) - float(rpy_calib[2])
+  return pitch, yaw
 
 class DriverMonitoring:
   def __init__(self, settings: Settings = Settings()):
     self.s = s = settings
-    self.awareness, self.is_rhd, self.rhd_checked = 1., False, False
-    self.wheelpos = _RunningMean()
-    self.pitch_offset, self.yaw_offset = _Ema(s.POSE_OFFSET_TAU), _Ema(s.POSE_OFFSET_TAU)
-    self.hi_std_count = self.uncertain_count = 0
+    self.wheelpos = FilteredMean()
+    self.pitch_offset, self.yaw_offset, self.phone_offset = (FilteredMean(s.POSE_OFFSET_MAX_COUNT) for _ in range(3))
+    self.is_rhd, self.rhd_last = False, None
+    self.pose_calibrated = self.phone_calibrated = False
+    self.distraction = 0.   # the distracted flag through a first-order filter
+    self.hi_stds = self.uncertain_count = self.uncertain_reset = 0
+    self.awareness = self.awareness_active = self.awareness_passive = 1.
+    self.active_mode, self.step_change = True, DT_DMON / s.DISTRACTED_TIME
+    self.threshold_prompt = s.DISTRACTED_PROMPT_TIME_TILL_TERMINAL / s.DISTRACTED_TIME
 
-  def update(self, dm: dict, v_ego: float = 0., standstill: bool = False) -> dict:
-    """dm: dmonitoringd.parse.parse_dm_outputs(...). Returns the driverMonitoringState fields; `rhd_checked` says
-    whether enough frames were seen to decide isRHD."""
+  def update(self, dm: dict, v_ego: float = 0., standstill: bool = False, rpy_calib=(0., 0., 0.), engaged: bool = False,
+             driver_engaged: bool = False, phone_thresh: float | None = None) -> dict:
+    """One driver frame. dm: dmonitoringd.parse.parse_dm_outputs(...); engaged: openpilot engaged (selfdriveState.enabled);
+    driver_engaged: the driver touches the wheel or the gas (carState.steeringPressed or gasPressed). Returns the
+    driverMonitoringState fields."""
     s = self.s
     if v_ego > s.WHEELPOS_CALIB_MIN_SPEED and max(dm['lhd']['face_prob'], dm['rhd']['face_prob']) > s.FACE_THRESHOLD:
-      self.wheelpos.update(dm['wheel_on_right_prob'])
-    self.rhd_checked = self.wheelpos.n >= s.WHEELPOS_MIN_COUNT   # decided once that many samples are in, as openpilot
-    if self.rhd_checked: self.is_rhd = self.wheelpos.x > s.WHEELPOS_THRESHOLD
-    d = dm['rhd' if self.is_rhd else 'lhd']
+      self.wheelpos.push(dm['wheel_on_right_prob'])
+    rhd = self.wheelpos.filtered.mean > s.WHEELPOS_THRESHOLD if self.wheelpos.filtered.n > s.WHEELPOS_FILTER_MIN_COUNT else False
+    if engaged and self.rhd_last is not None: rhd = self.rhd_last   # never changes sides while engaged
+    self.is_rhd = self.rhd_last = rhd
+    d = dm['rhd' if rhd else 'lhd']
+
     face = d['face_prob'] > s.FACE_THRESHOLD
+    pitch, yaw = face_pose(d['face_orientation'], d['face_position'], rpy_calib)
+    if rhd: yaw = -yaw
+    std_max = max(float(d['face_orientation_std'][0]), float(d['face_orientation_std'][1]))
+    low_std = std_max < s.POSESTD_THRESHOLD
 
-    pitch, yaw = float(d['face_orientation'][0]), float(d['face_orientation'][1])
-    low_std = float(np.mean(d['face_orientation_std'])) < s.POSESTD_THRESHOLD
-    if face and not low_std: self.hi_std_count += 1
-    if face and low_std and v_ego > s.POSE_CALIB_MIN_SPEED:
-      self.pitch_offset.update(pitch)
-      self.yaw_offset.update(yaw)
-    learned = self.pitch_offset.n >= s.POSE_OFFSET_MIN_COUNT
-    pitch_off = self.pitch_offset.x if learned else s.PITCH_NATURAL_OFFSET
-    yaw_off = self.yaw_offset.x if learned else s.YAW_NATURAL_OFFSET
+    types = self._distracted_types(d, pitch, yaw, phone_thresh if phone_thresh is not None else s.PHONE_THRESH)
+    distracted = bool(types) and face and low_std
+    k = DT_DMON / (s.DISTRACTED_FILTER_TS + DT_DMON)
+    self.distraction = (1. - k) * self.distraction + k * distracted
+    if face and v_ego > s.POSE_CALIB_MIN_SPEED and low_std and (not engaged or not distracted):
+      self.pitch_offset.push(pitch)
+      self.yaw_offset.push(yaw)
+      self.phone_offset.push(float(d['using_phone_prob']))
+    self.pose_calibrated = min(self.pitch_offset.filtered.n, self.yaw_offset.filtered.n) > s.POSE_OFFSET_MIN_COUNT
+    self.phone_calibrated = self.phone_offset.filtered.n > s.POSE_OFFSET_MIN_COUNT
 
-    distracted_type = 0
-    if face:
-      if low_std and (abs(pitch - pitch_off) > s.POSE_PITCH_THRESHOLD or abs(yaw - yaw_off) > s.POSE_YAW_THRESHOLD):
-        distracted_type |= DistractedType.POSE
-      no_sg = d['sunglasses_prob'] < s.SG_THRESHOLD
-      blink = [d[f'{e}_blink_prob'] * (d[f'{e}_eye_prob'] > s.EYE_THRESHOLD) * no_sg for e in ('left', 'right')]
-      if (blink[0] + blink[1]) / 2 > s.BLINK_THRESHOLD: distracted_type |= DistractedType.EYES
-      if d['using_phone_prob'] > s.PHONE_THRESHOLD: distracted_type |= DistractedType.PHONE
-    elif d['face_prob'] > s.FACE_THRESHOLD / 2: self.uncertain_count += 1   # something face-like, not sure enough
-
-    active = face and low_std
-    step = DT_DMON / (s.DISTRACTED_TIME if active else s.AWARENESS_TIME)
-    if not standstill:
-      if distracted_type or not face: self.awareness = max(self.awareness - step, 0.)
+    if face and not distracted:   # a face the model is not sure of, while driving: the camera may be dirty or aimed badly
+      if std_max > s.DCAM_UNCERTAIN_ALERT_THRESHOLD:
+        if not standstill: self.uncertain_count, self.uncertain_reset = self.uncertain_count + 1, 0
       else:
-        factor = (s.RECOVERY_FACTOR_MAX - s.RECOVERY_FACTOR_MIN) * (1. - self.awareness) + s.RECOVERY_FACTOR_MIN
-        self.awareness = min(self.awareness + factor * step, 1.)
-    return {'faceDetected': bool(face), 'isDistracted': bool(distracted_type), 'distractedType': distracted_type,
-            'awarenessStatus': self.awareness, 'isRHD': self.is_rhd, 'isActiveMode': bool(active),
-            'isLowStd': bool(low_std), 'posePitchOffset': pitch_off, 'posePitchValidCount': self.pitch_offset.n,
-            'poseYawOffset': yaw_off, 'poseYawValidCount': self.yaw_offset.n, 'stepChange': step,
-            'hiStdCount': self.hi_std_count, 'uncertainCount': self.uncertain_count}
+        self.uncertain_reset += 1
+        if self.uncertain_reset > s.DCAM_UNCERTAIN_RESET_COUNT: self.uncertain_count = 0
+    self._set_mode(active=face and self.hi_stds <= s.HI_STD_FALLBACK_TIME)
+    if face and not low_std and not distracted: self.hi_stds += 1
+    elif face and low_std: self.hi_stds = 0
+    self._update_awareness(engaged, driver_engaged, standstill, face, low_std, distracted)
+
+    return {'faceDetected': bool(face), 'isDistracted': distracted, 'distractedType': sum(types), 'awarenessStatus': self.awareness,
+            'posePitchOffset': self.pitch_offset.filtered.mean, 'posePitchValidCount': self.pitch_offset.filtered.n,
+            'poseYawOffset': self.yaw_offset.filtered.mean, 'poseYawValidCount': self.yaw_offset.filtered.n,
+            'stepChange': self.step_change, 'awarenessActive': self.awareness_active, 'awarenessPassive': self.awareness_passive,
+            'isLowStd': low_std, 'hiStdCount': self.hi_stds, 'isActiveMode': self.active_mode, 'isRHD': rhd,
+            'uncertainCount': self.uncertain_count}
+
+  def _distracted_types(self, d: dict, pitch: float, yaw: float, phone_thresh: float) -> list[int]:
+    s, types = self.s, []
+    if self.pose_calibrated:
+      pitch_err = pitch - float(np.clip(self.pitch_offset.filtered.mean, s.PITCH_MIN_OFFSET, s.PITCH_MAX_OFFSET))
+      yaw_err = yaw - float(np.clip(self.yaw_offset.filtered.mean, s.YAW_MIN_OFFSET, s.YAW_MAX_OFFSET))
+    else: pitch_err, yaw_err = pitch - s.PITCH_NATURAL_OFFSET, yaw - s.YAW_NATURAL_OFFSET
+    pitch_err = -pitch_err if pitch_err < 0 else 0.   # looking down only: looking up is no distraction
+    if pitch_err > (s.POSE_PITCH_THRESHOLD if self.pose_calibrated else s.PITCH_NATURAL_THRESHOLD) or abs(yaw_err) > s.POSE_YAW_THRESHOLD:
+      types.append(DistractedType.POSE)
+    no_sg = d['sunglasses_prob'] < s.SG_THRESHOLD
+    blink = [d[f'{e}_blink_prob'] * (d[f'{e}_eye_prob'] > s.EYE_THRESHOLD) * no_sg for e in ('left', 'right')]
+    if (blink[0] + blink[1]) * 0.5 > s.BLINK_THRESHOLD: types.append(DistractedType.EYES)
+    if self.phone_calibrated:
+      phone = d['using_phone_prob'] > min(max(self.phone_offset.filtered.mean, s.PHONE_MIN_OFFSET), s.PHONE_MAX_OFFSET) * s.PHONE_THRESH2
+    else: phone = d['using_phone_prob'] > phone_thresh
+    if phone: types.append(DistractedType.PHONE)
+    return types
+
+  def _set_mode(self, active: bool) -> None:
+    """Active mode (a face the model is sure of) or passive; each keeps its awareness. Past the prompt in active mode
+    the mode stays (no escape from an alert by hiding the face)."""
+    s = self.s
+    if self.active_mode and self.awareness <= self.threshold_prompt:
+      self.step_change = DT_DMON / s.DISTRACTED_TIME if active else 0.
+      return
+    if self.awareness <= 0.: return
+    if active:
+      if not self.active_mode: self.awareness_passive, self.awareness = self.awareness, self.awareness_active
+      self.threshold_prompt, self.step_change = s.DISTRACTED_PROMPT_TIME_TILL_TERMINAL / s.DISTRACTED_TIME, DT_DMON / s.DISTRACTED_TIME
+    else:
+      if self.active_mode: self.awareness_active, self.awareness = self.awareness, self.awareness_passive
+      self.threshold_prompt, self.step_change = s.AWARENESS_PROMPT_TIME_TILL_TERMINAL / s.AWARENESS_TIME, DT_DMON / s.AWARENESS_TIME
+    self.active_mode = active
+
+  def _update_awareness(self, engaged: bool, driver_engaged: bool, standstill: bool, face: bool, low_std: bool, distracted: bool) -> None:
+    s = self.s
+    if not engaged or (driver_engaged and self.awareness > 0 and not self.active_mode):
+      self.awareness = self.awareness_active = self.awareness_passive = 1.
+      return
+    if self.distraction < 0.37 and face and low_std and self.awareness > 0:   # attentive
+      if driver_engaged:
+        self.awareness = self.awareness_active = self.awareness_passive = 1.
+        return
+      factor = (s.RECOVERY_FACTOR_MAX - s.RECOVERY_FACTOR_MIN) * (1. - self.awareness) + s.RECOVERY_FACTOR_MIN
+      self.awareness = min(self.awareness + factor * self.step_change, 1.)
+      if self.awareness == 1.: self.awareness_passive = min(self.awareness_passive + self.step_change, 1.)
+      if self.awareness > self.threshold_prompt: return
+    certainly = self.distraction > 0.63 and distracted and face
+    maybe = self.hi_stds > s.HI_STD_FALLBACK_TIME or not face
+    if (certainly or maybe) and not (standstill and self.awareness - self.step_change <= self.threshold_prompt):
+      self.awareness = max(self.awareness - self.step_change, -0.1)

@@ -9,7 +9,7 @@ from msgq.visionipc import DRIVER
 from tests.artifacts import CACHE, LAYOUT, ALT_LAYOUT, UNSERVED_LAYOUT, build
 from tests.daemon_harness import Camera, Collector, Daemon, beyond_base_install, start_daemon
 from tests.onnx_models import KNOWN
-from dmonitoringd.policy import DriverMonitoring, DistractedType, Settings, DT_DMON
+from dmonitoringd.policy import DriverMonitoring, DistractedType, FilteredMean, Settings, DT_DMON, face_pose
 from modeld_common.daemon import EX_CONFIG
 
 OUTPUTS = ['driverStateV2', 'driverMonitoringState']
@@ -28,59 +28,112 @@ def _side(face=0.95, pitch=0.03, yaw=0.1, std=0.1, eyes=0.9, blink=0.05, phone=0
 def _dm(lhd=None, rhd=None, wheel_on_right=0.05):
   return {'lhd': lhd or _side(), 'rhd': rhd or _side(face=0.05), 'wheel_on_right_prob': wheel_on_right}
 
-def test_distraction_types_and_awareness():
-  dm = DriverMonitoring()
-  s = dm.update(_dm(), v_ego=20.)
-  assert s['faceDetected'] and not s['isDistracted'] and s['awarenessStatus'] == 1 and s['isActiveMode'] and s['isLowStd']
-  for side, bit in ((_side(yaw=0.7), DistractedType.POSE), (_side(pitch=-0.4), DistractedType.POSE), (_side(blink=0.95), DistractedType.EYES),
-                    (_side(phone=0.9), DistractedType.PHONE), (_side(yaw=0.7, phone=0.9), DistractedType.POSE | DistractedType.PHONE)):
-    assert DriverMonitoring().update(_dm(side), 20.)['distractedType'] == bit
-  assert DriverMonitoring().update(_dm(_side(blink=0.95, sunglasses=0.95)), 20.)['distractedType'] == 0   # eyes unseen behind sunglasses
-  assert DriverMonitoring().update(_dm(_side(yaw=0.7, std=0.5)), 20.)['distractedType'] == 0              # pose too unsure to judge
-  # distracted with a confident face: awareness 1 -> 0 in DISTRACTED_TIME, then recovers when attentive
-  n = int(round(Settings().DISTRACTED_TIME / DT_DMON))
-  for _ in range(n): s = dm.update(_dm(_side(yaw=0.7)), 20.)
-  assert s['awarenessStatus'] == pytest.approx(0, abs=1e-6) and s['stepChange'] == pytest.approx(DT_DMON / Settings().DISTRACTED_TIME)
-  prev = s['awarenessStatus']
-  ups = []
-  for _ in range(int(10 / DT_DMON)):   # back to full within 10 s
-    a = dm.update(_dm(), 20.)['awarenessStatus']
-    ups.append(a - prev)
-    prev = a
-  assert prev == 1 and ups[0] > ups[5] > 0   # recovers, fastest when awareness is lowest
-  # no face: slower decay; standstill: held
-  s = DriverMonitoring().update(_dm(_side(face=0.1)), 20.)
-  assert not s['faceDetected'] and s['awarenessStatus'] == pytest.approx(1 - DT_DMON / Settings().AWARENESS_TIME)
-  assert DriverMonitoring().update(_dm(_side(phone=0.9)), 0., standstill=True)['awarenessStatus'] == 1
+def test_face_pose_as_seen_from_the_road():
+  """openpilot's conversion: a face in the middle of the picture keeps the model's pitch and the opposite of its yaw, less
+  the calibration; off-centre, the direction of its place in the picture (pinhole, f 598 over 1928x1208) is added."""
+  assert face_pose([0.1, 0.2, 0.], [0., 0.], [0., 0.02, 0.03]) == pytest.approx((0.1 - 0.02, -0.2 - 0.03))
+  pitch, yaw = face_pose([0., 0., 0.], [0.25, -0.25], [0., 0., 0.])   # a quarter picture right of and above the centre
+  assert (pitch, yaw) == pytest.approx((math.atan2(-302, 598), math.atan2(482, 598)))
 
-def test_rhd_from_the_running_mean_while_driving_with_a_face():
-  """openpilot's rule: wheelOnRightProb counts only above WHEELPOS_CALIB_MIN_SPEED (11 m/s) with a face on either side;
-  once WHEELPOS_MIN_COUNT such frames are in isRHD is their plain mean above 0.5, no hysteresis, LHD until then."""
-  dm = DriverMonitoring(Settings(WHEELPOS_MIN_COUNT=20))
+def test_distraction_types():
+  """Slack pose thresholds around the natural offsets, looking down only (0.449 before the offsets are learned),
+  distractedType judged with any face, isDistracted only with a face detected and a confident pose (the larger of the
+  pitch and yaw stds)."""
+  def types(side, **kw): return DriverMonitoring().update(_dm(side), 20., **kw)['distractedType']
+  assert types(_side(pitch=0.029 - 0.45)) == DistractedType.POSE and types(_side(pitch=0.029 - 0.44)) == 0
+  assert types(_side(pitch=0.029 + 0.9)) == 0                         # looking up is no distraction
+  assert types(_side(yaw=-0.097 - 0.51)) == DistractedType.POSE and types(_side(yaw=-0.097 + 0.51)) == DistractedType.POSE
+  assert types(_side(yaw=-0.097 + 0.50)) == 0                          # model yaw is the opposite of the driver's
+  assert types(_side(blink=0.95)) == DistractedType.EYES and types(_side(blink=0.95, sunglasses=0.95)) == 0
+  assert types(_side(phone=0.45)) == DistractedType.PHONE and types(_side(phone=0.45), phone_thresh=0.75) == 0
+  assert types(_side(yaw=-0.7, phone=0.9)) == DistractedType.POSE | DistractedType.PHONE
+  s = DriverMonitoring().update(_dm(_side(yaw=-0.7, std=0.35)), 20.)
+  assert s['distractedType'] == DistractedType.POSE and not s['isDistracted'] and not s['isLowStd']
+  s = DriverMonitoring().update(_dm(_side(face=0.6, phone=0.9)), 20.)
+  assert s['distractedType'] == DistractedType.PHONE and not s['isDistracted'] and not s['faceDetected']
+
+def test_awareness():
+  """Engaged and distracted with a confident face: the distraction filter (0.25 s) passes 0.63 on the 6th frame, from
+  which awareness falls by DT/11 s a frame, down to -0.1, where it stays until disengaged; attentive before that it
+  recovers, fastest when lowest. No face: passive mode, DT/30 s a frame. Disengaged: always 1. At standstill it stops
+  short of the prompt (6 s to go)."""
+  step, dm = DT_DMON / 11., DriverMonitoring()
+  for _ in range(5): s = dm.update(_dm(_side(phone=0.9)), 20., engaged=True)
+  assert s['awarenessStatus'] == 1 and s['isDistracted'] and s['isActiveMode'] and s['stepChange'] == pytest.approx(step)
+  for n in range(1, 101):
+    s = dm.update(_dm(_side(phone=0.9)), 20., engaged=True)
+    assert s['awarenessStatus'] == pytest.approx(1 - n * step, abs=1e-9), n
+  prev, ups = s['awarenessStatus'], []
+  while prev < 1 and len(ups) < 10 / DT_DMON:
+    prev, ups = (a := dm.update(_dm(), 20., engaged=True)['awarenessStatus']), ups + [a - prev]
+  assert prev == 1 and ups[5] > ups[-2] > 0   # recovers (once the filter says attentive), fastest when lowest
+  for _ in range(300): s = dm.update(_dm(_side(phone=0.9)), 20., engaged=True)
+  assert s['awarenessStatus'] == -0.1
+  for _ in range(100): s = dm.update(_dm(), 20., engaged=True)
+  assert s['awarenessStatus'] == -0.1   # red: attention alone does not bring it back
+  assert dm.update(_dm(), 20.)['awarenessStatus'] == 1   # disengaging does
+  s = DriverMonitoring().update(_dm(_side(face=0.1)), 20., engaged=True)
+  assert not s['faceDetected'] and not s['isActiveMode'] and s['awarenessStatus'] == pytest.approx(1 - DT_DMON / 30.)
+  dm = DriverMonitoring()
+  for _ in range(400): s = dm.update(_dm(_side(phone=0.9)), 20.)
+  assert s['awarenessStatus'] == 1 and s['isDistracted']   # not engaged
+  dm = DriverMonitoring()
+  for _ in range(400): s = dm.update(_dm(_side(phone=0.9)), 0., standstill=True, engaged=True)
+  assert 6 / 11 < s['awarenessStatus'] <= 6 / 11 + step
+
+def test_uncertain_pose_falls_back_to_passive_mode():
+  """A face whose pose the model is unsure of for more than 10 s: passive mode (30 s), counted in hiStdCount; once
+  sure again hiStdCount is 0. uncertainCount counts frames of a face with an orientation std above 0.1 while moving."""
+  dm = DriverMonitoring()
+  for _ in range(int(10 / DT_DMON) + 1): s = dm.update(_dm(_side(std=0.35)), 20., engaged=True)
+  assert s['isActiveMode'] and s['hiStdCount'] == 201 and s['uncertainCount'] == 201
+  s = dm.update(_dm(_side(std=0.35)), 20., engaged=True)
+  assert not s['isActiveMode'] and s['stepChange'] == pytest.approx(DT_DMON / 30.)
+  s = dm.update(_dm(_side(std=0.05)), 0., standstill=True, engaged=True)
+  assert s['hiStdCount'] == 0 and not s['isActiveMode'] and s['uncertainCount'] == 202   # the mode follows a frame later
+  assert dm.update(_dm(_side(std=0.05)), 0., standstill=True, engaged=True)['isActiveMode']
+
+def test_rhd_from_the_filtered_mean_while_driving_with_a_face():
+  """openpilot's rule: wheelOnRightProb counts only above 11 m/s with a face on either side, through a filter that
+  skips a sample raising the spread of all samples so far; with more than WHEELPOS_FILTER_MIN_COUNT in, isRHD is their
+  mean above 0.5; the side holds while engaged."""
+  dm = DriverMonitoring(Settings(WHEELPOS_FILTER_MIN_COUNT=20))
   right = _dm(_side(face=0.05), _side(), wheel_on_right=0.95)
   for _ in range(40): s = dm.update(right, 11.)                                           # not faster than 11 m/s
   for _ in range(40): s = dm.update(_dm(_side(face=0.1), _side(face=0.1), 0.95), 20.)   # no face
-  assert dm.wheelpos.n == 0 and not dm.rhd_checked and not s['isRHD']
-  for _ in range(19): s = dm.update(right, 20.)
-  assert not dm.rhd_checked and not s['isRHD'] and not s['faceDetected']   # not enough frames yet: LHD, whose driver is not seen
+  assert dm.wheelpos.raw.n == 0 and not s['isRHD']
+  for _ in range(20): s = dm.update(right, 20.)
+  assert not s['isRHD'] and not s['faceDetected']   # 20 samples are not more than 20: LHD, whose driver is not seen
   s = dm.update(right, 20.)
-  assert dm.rhd_checked and s['isRHD'] and s['faceDetected']   # now the right side's driver data is used
-  left = _dm(_side(), _side(), 0.2)
-  for _ in range(40): s = dm.update(left, 5.)   # too slow: not counted
+  assert s['isRHD'] and s['faceDetected']   # now the right side's driver data is used
+  for _ in range(20): s = dm.update(_dm(_side(), _side(), 0.05), 20.)
+  assert s['isRHD'] and dm.wheelpos.filtered.n == 21   # each of these raised the spread: the filter skipped them
+  for _ in range(30): s = dm.update(_dm(_side(), _side(), 0.05), 20.)   # now they lower it, and count
+  assert not s['isRHD'] and dm.wheelpos.filtered.mean == pytest.approx((21 * 0.95 + 30 * 0.05) / 51)
+  dm = DriverMonitoring(Settings(WHEELPOS_FILTER_MIN_COUNT=20))
+  for _ in range(30): s = dm.update(right, 20., engaged=True)
+  assert not s['isRHD']   # engaged from the first frame: the side it started with holds
+  s = dm.update(right, 20.)
   assert s['isRHD']
-  for _ in range(29): s = dm.update(left, 20.)   # the mean of 20 x 0.95 and 29 x 0.2: 0.506
-  assert s['isRHD']
-  for _ in range(2): s = dm.update(left, 20.)    # and 31 x 0.2: 0.494
-  assert not s['isRHD'] and dm.wheelpos.x == pytest.approx((20 * 0.95 + 31 * 0.2) / 51)
+
+def test_filtered_mean_is_openpilots_running_stat_filter():
+  f = FilteredMean(max_n=3)
+  for v in (1., 1., 3., 1., 0.5, 1.):
+    f.push(v)
+  # raw takes all six; the filtered mean only those that did not raise their spread: 1, 1, then (1 after 3, 0.5, 1)
+  assert f.raw.n == 6 and f.raw.mean == pytest.approx(7.5 / 6)
+  assert f.filtered.n == 3
 
 def test_pose_offsets_learned_while_driving():
-  st = Settings(POSE_OFFSET_MIN_COUNT=50, POSE_OFFSET_TAU=0.5)
+  st = Settings(POSE_OFFSET_MIN_COUNT=50)
   dm = DriverMonitoring(st)
-  for _ in range(60): s = dm.update(_dm(_side(yaw=0.3)), 5.)   # too slow to learn
-  assert s['poseYawValidCount'] == 0 and s['poseYawOffset'] == st.YAW_NATURAL_OFFSET
-  for _ in range(60): s = dm.update(_dm(_side(yaw=0.3)), 20.)
-  assert s['poseYawValidCount'] == 60 and s['poseYawOffset'] == pytest.approx(0.3)
-  assert dm.update(_dm(_side(yaw=0.65)), 20.)['distractedType'] == 0   # 0.35 from this driver's own offset
+  for _ in range(60): s = dm.update(_dm(_side(yaw=-0.3)), 5.)   # too slow to learn
+  assert s['poseYawValidCount'] == 0 and s['poseYawOffset'] == 0
+  for _ in range(60): s = dm.update(_dm(_side(yaw=-0.25)), 20.)
+  assert s['poseYawValidCount'] == 60 and s['poseYawOffset'] == pytest.approx(0.25)
+  assert dm.update(_dm(_side(yaw=-0.7)), 20.)['distractedType'] == 0   # 0.45 from this driver's own offset
+  for _ in range(60): s = dm.update(_dm(_side(yaw=-0.45)), 20.)   # learned offsets are used up to 0.289
+  assert dm.update(_dm(_side(yaw=-0.289 - 0.51)), 20.)['distractedType'] == DistractedType.POSE
 
 # ***** the daemon *****
 
