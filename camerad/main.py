@@ -20,7 +20,7 @@ from msgq.visionipc.server import MAX_BUFFERS
 from camerad.scene import shipped_scenes
 with needs_extra("camerad", "camera"):   # PyAV and zstandard: video files, devices and logs
   from oproute.video import VideoError
-  from camerad.sources import REPUBLISHABLE, STREAMS, OptionError, Source, SourceError, Tick, open_source
+  from camerad.sources import REPUBLISHABLE, STREAMS, NoFramesError, OptionError, Source, SourceError, Tick, open_source
 
 log = logging.getLogger("camerad")
 SENSORS = set(capnp_log.FrameData.ImageSensor.schema.enumerants)
@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     log.error("%s", e)
     return 2
   except (SourceError, VideoError, LockstepTimeout, IpcError) as e:
-    log.error("%s", e)
+    log.error("%s%s", e, ". Give --messages-only to republish the messages alone." if isinstance(e, NoFramesError) else "")
     return 1
 
 if __name__ == "__main__":

@@ -30,6 +30,9 @@ REPUBLISHABLE = frozenset(log.Event.schema.union_fields) - set(LOGGER_EVENTS)
 class SourceError(Exception):
   """A source that cannot be served: the message names what and why (a VideoError says it of one video file)."""
 
+class NoFramesError(SourceError):
+  """A log source with no camera frame to serve (camerad can still republish its messages)."""
+
 class OptionError(SourceError):
   """An option that is wrong whatever the source's files hold: an unknown camera or scene name, options that do not go
   together or do not apply to the source. camerad exits 2 for it, as for any bad option; 1 is for a source that
@@ -159,11 +162,11 @@ class LogSource(Source):
     super().__init__()
     self.paths = paths
     try: self.files = log_files(paths, "a")   # rlogs; a segment without one falls back to its qlog
-    except (OSError, ValueError) as e: raise SourceError(f"log {' '.join(paths)}: {e}") from None
+    except (OSError, ValueError) as e: raise SourceError(f"log {e}") from None   # the reader's errors name the path
     if len(routes := routes_of(self.files)) > 1:   # frame ids and segment numbers start again in each route
       raise SourceError(f"log {' '.join(paths)}: segments of {len(routes)} routes ({', '.join(routes)}); camerad serves one route "
                         f"at a time: give one route, or segments of one")
-    recorded, index, self.sensor = self._scan()
+    recorded, index, self.sensor, problems = self._scan()
     self.videos, self.streams, self.unserved = {}, {}, {}   # unserved: camera with states -> why it has no frame to serve
     for cam, c in CAMERAS.items():
       if messages_only: break
@@ -174,9 +177,9 @@ class LogSource(Source):
       self.videos[c.stream] = v
     if not self.streams and not messages_only:
       cams = [cam for cam, c in CAMERAS.items() if c.state in recorded]
-      raise SourceError(f"log {' '.join(paths)}: no camera frame to serve: " + (self.why_unserved() if self.unserved else
-                        "no camera states in the log" if not cams else f"{', '.join(cams)} recorded without video") +
-                        ". Give --messages-only to republish the messages alone.")
+      raise NoFramesError(f"log {' '.join(paths)}: no camera frame to serve: " + (self.why_unserved() if self.unserved else
+                          "no camera states in the log" if not cams else f"{', '.join(cams)} recorded without video") +
+                          "".join(f"; {p}" for p in problems))
     why_not = {**dict.fromkeys(LOGGER_EVENTS, "written by the logger, never published"),
                **dict.fromkeys(ENCODE_IDX_OF, "where frames are in the route's video"),
                **({} if services else dict.fromkeys(DAEMON_OUTPUTS, "the daemons' outputs"))}
@@ -192,14 +195,15 @@ class LogSource(Source):
   def why_unserved(self) -> str:
     return "; ".join(f"{cam}: {why}" for cam, why in self.unserved.items())
 
-  def _scan(self) -> tuple[list[str], EncodeIndex, dict[int, str]]:
-    """Services in the logs, where the cameras' frames are, and each camera's sensor (from its first state)."""
-    seen, index, sensor = {}, EncodeIndex(), {}
-    for ev in LogReader(self.files):
+  def _scan(self) -> tuple[list[str], EncodeIndex, dict[int, str], list[str]]:
+    """Services in the logs, where the cameras' frames are, each camera's sensor (from its first state), and what was
+    wrong with the logs (cut short, say)."""
+    seen, index, sensor, lr = {}, EncodeIndex(), {}, LogReader(self.files)
+    for ev in lr:
       w = ev.which()
       if not index.add(ev) and (s := STREAM_OF_STATE.get(w)) is not None and s not in sensor: sensor[s] = str(getattr(ev, w).sensor)
       seen[w] = True
-    return list(seen), index, sensor
+    return list(seen), index, sensor, lr.warnings
 
   def ticks(self, start: int = 0) -> Iterator[Tick]:
     # messages before the first frame go out with it (the newest of each service), not at their recorded pace; those

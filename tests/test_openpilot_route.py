@@ -42,6 +42,13 @@ def test_route_without_frames_is_refused(scene, tmp_path):
   assert r.returncode == 1 and "no camera frame to serve" in r.stderr and "fcamera.hevc" in r.stderr and "--messages-only" in r.stderr, r.stderr
   r = run("camerad", "--source", tmp_path / "route", "--messages-only", timeout=30)
   assert r.returncode == 0 and "messages only" in r.stderr, r.stderr
+  write_route(tmp_path / "cut", scene, segments=1, frames=3)   # an rlog cut short before its first camera state: the cut is the cause
+  (rlog := tmp_path / "cut" / "cut--0" / "rlog.zst").write_bytes(rlog.read_bytes()[:60])
+  (tmp_path / "cut" / "cut--0" / "qlog.zst").unlink()
+  r = run("camerad", "--source", tmp_path / "cut", timeout=30)
+  assert r.returncode == 1 and "no camera states in the log; " in r.stderr and "rlog.zst: " in r.stderr and "--messages-only" in r.stderr, r.stderr
+  r = run("modeld_tools.replay", tmp_path / "cut", "--artifacts", tmp_path / "unused")   # whose options have no --messages-only
+  assert r.returncode == 2 and "no camera states in the log; " in r.stderr and "--messages-only" not in r.stderr, r.stderr
   r = run("camerad", "--source", tmp_path / "nothing" / "here", timeout=30)
   assert r.returncode == 1 and "no such" in r.stderr, r.stderr
   write_route(tmp_path / "other", scene, segments=1, frames=3)   # frame ids and segment numbers of two routes would collide
