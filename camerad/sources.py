@@ -13,7 +13,7 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from collections.abc import Callable, Iterator
 import numpy as np
-from cereal import log, messaging
+from cereal import messaging
 from cereal.services import CAMERAS, DAEMON_OUTPUTS, STREAM_OF_STATE
 from msgq.visionipc import NV12Layout
 from camerad.render import SceneRenderer
@@ -25,7 +25,7 @@ STREAMS = {name: c.stream for name, c in CAMERAS.items()}
 # what a log replay can republish: every member of openpilot's Event (any name is an endpoint; those outside the
 # services table get msgq's default size limit), but those the logger writes itself and nobody publishes
 LOGGER_EVENTS = ("initData", "sentinel")
-REPUBLISHABLE = frozenset(log.Event.schema.union_fields) - set(LOGGER_EVENTS)
+REPUBLISHABLE = messaging.EVENTS - set(LOGGER_EVENTS)
 
 class SourceError(Exception):
   """A source that cannot be served: the message names what and why (a VideoError says it of one video file)."""

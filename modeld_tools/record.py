@@ -175,7 +175,7 @@ def record(services: list[str], path: Path, segment_seconds: float, flush_second
              f", {r.behind} frames dropped as the encoder fell behind (fewer --video cameras, a lower camerad --fps; "
              f"see docs/CAMERAD.md)" if r.behind else "", f", {r.torn} torn frames dropped" if r.torn else "",
              f", {r.out_of_order} frames out of order dropped" if r.out_of_order else "")
-  return {k: n for k, n in stats.totals.items() if k in SERVICES}   # the per-service counters (not messages, video_connected)
+  return {k: n for k, n in stats.totals.items() if k in services}   # the per-service counters (not messages, video_connected)
 
 def main(argv: list[str] | None = None) -> int:
   logged = [s for s, v in SERVICES.items() if v.should_log]
@@ -194,7 +194,10 @@ def main(argv: list[str] | None = None) -> int:
   ap.add_argument("--stats-interval", type=float, default=10., metavar="S", help="seconds between stats log lines and STATUS= updates (default 10)")
   add_log_level(ap)
   args = ap.parse_args(argv)
-  if bad := [s for s in args.services if s not in SERVICES]: ap.error(f"unknown services {bad}; known: {', '.join(SERVICES)}")
+  # any Event member the schema names (camerad republishes every one a route holds); the services table's are the ones
+  # this project publishes, those outside it go to the rlog alone
+  if bad := [s for s in args.services if s not in messaging.EVENTS]:
+    ap.error(f"unknown services {bad}; known: {', '.join(SERVICES)}, or any other Event member of cereal/log.capnp")
   cameras = args.video.split(",") if args.video else []
   if bad := [c for c in cameras if c not in CAMERAS]: ap.error(f"--video: expected cameras among road, wide, driver; got {bad}")
   if args.segment_seconds <= 0 or args.flush_seconds <= 0: ap.error("--segment-seconds and --flush-seconds must be > 0")

@@ -95,7 +95,7 @@ class RouteWriter:
   def write(self, n: int, service: str, dat: bytes) -> None:
     rlog, qlog = self.logs[n]
     rlog.write(dat)
-    if (dec := SERVICES[service].decimation) is not None:
+    if (dec := getattr(SERVICES.get(service), "decimation", None)) is not None:   # a service outside the table: rlog only
       if self.qlog_count.get(service, 0) % dec == 0: qlog.write(dat)
       self.qlog_count[service] = self.qlog_count.get(service, 0) + 1
 

@@ -420,3 +420,22 @@ def test_record_cli_errors(tmp_path):
   assert r.returncode == 1 and "already has segments" in r.stderr
   r = run("--help")
   assert r.returncode == 0 and "--segment-seconds" in r.stdout and "--flush-seconds" in r.stdout
+
+def test_records_services_outside_the_table_to_the_rlog(tmp_path):
+  """camerad republishes every Event member a route holds, openpilot's controlsState included: modeld-record takes
+  any such name and writes its messages, byte for byte, to the rlog (the qlog keeps the services table's only)."""
+  from tests import openpilot_ref as op
+  sent = [op.log.Event.new_message(logMonoTime=i, valid=True, controlsState={"curvature": 0.01 * i}).to_bytes() for i in range(5)]
+  pub = messaging.pub_sock("controlsState")
+  p, notify = start_recorder("controlsState", "carState", "--route", tmp_path / "route")
+  try:
+    for dat in sent: pub.send(dat)
+    notify.wait_count("controlsState", 5, 20)
+  finally:
+    p.send_signal(signal.SIGINT)
+    p.communicate(timeout=30)
+    notify.close()
+    pub.close()
+  assert p.returncode == 0
+  assert by_service(LogReader(tmp_path / "route", "r").raw()).get("controlsState") == sent
+  assert "controlsState" not in by_service(LogReader(tmp_path / "route", "q").raw())

@@ -32,6 +32,7 @@ def new_message(service: str | None = None, size: int | None = None, **kwargs) -
     else: msg.init(service, size)
   return msg
 
+EVENTS = frozenset(log.Event.schema.union_fields)   # every service name the schema knows: an Event's union members
 NESTING_LIMIT = 64             # pointers deep: far beyond any Event, far below what a reader's stack takes
 NO_TRAVERSAL_LIMIT = 2 ** 63   # for a message already walked whole under its limit
 WALK_SLOT = "sensorEventDEPRECATED"   # an Event member this schema keeps untyped (AnyPointer): takes a whole message
