@@ -24,10 +24,11 @@ def event(kind: str, t: int, **fields):
   return msg
 
 def write_route(path: Path, scene_file: Path, cameras: tuple[str, ...] = ("road", "driver"), segments: int = 2, frames: int = 10,
-                first_frame_id: int = 100, t0: int = 10**12, extra=None, missing=frozenset()) -> list[int]:
+                first_frame_id: int = 100, t0: int = 10**12, extra=None, missing=frozenset(), restart: int | None = None) -> list[int]:
   """The route folder path/<name>--<n>; returns the frame ids, which start at first_frame_id (as a segment in the
   middle of a drive). extra(frame_id, t) -> [events] adds events after each frame's. missing: (camera, frame id) pairs
-  the encoder dropped: the camera state is logged, the picture and its EncodeIdx event are not."""
+  the encoder dropped: the camera state is logged, the picture and its EncodeIdx event are not. restart: the route's
+  frame from which the ids start again at first_frame_id (camerad restarted)."""
   scene, ids, encode_id = load_scene(str(scene_file)), [], {c: 0 for c in cameras}
   for seg in range(segments):
     d = path / f"{path.name}--{seg}"
@@ -39,7 +40,7 @@ def write_route(path: Path, scene_file: Path, cameras: tuple[str, ...] = ("road"
       writers[c] = (HevcWriter(d / CAMS[c][2], cam.width, cam.height, lossless=True), SceneRenderer(scene, c, NV12Layout.packed(cam.width, cam.height)))
     for i in range(frames):
       n = seg * frames + i
-      fid, t = first_frame_id + n, t0 + n * FRAME_NS
+      fid, t = first_frame_id + (n if restart is None or n < restart else n - restart), t0 + n * FRAME_NS
       ids.append(fid)
       evs.append(event("carState", t + 1, vEgo=20.0, aEgo=0.0, vEgoRaw=20.0))
       if n % 5 == 0:

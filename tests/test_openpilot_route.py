@@ -187,3 +187,24 @@ def test_modeld_replay_stops_its_stack_on_sigterm_and_passes_camerad_warnings_on
   _, err = p.communicate(timeout=60)
   assert p.returncode == 128 + signal.SIGTERM and "no route written" in err and not (tmp_path / "cut").exists(), err
   assert not [k for k in kids if os.path.exists(f"/proc/{k}") and open(f"/proc/{k}/stat").read().split()[2] != "Z"], "a process of the stack outlived it"
+
+def test_a_camera_restart_mid_route_serves_each_frame_its_own_picture(scene, tmp_path):
+  """A route whose camera restarted in its segment 1 (frame ids 100.. again): each logged frame is served the picture
+  recorded for it, not that of the later frame with the same id."""
+  import numpy as np
+  from camerad.render import SceneRenderer
+  from camerad.scene import load_scene
+  from camerad.sources import LogSource
+  from msgq.visionipc.layout import NV12Layout
+  ids = write_route(tmp_path / "route", scene, ("road",), segments=2, frames=4, restart=4)
+  assert ids == [100, 101, 102, 103, 100, 101, 102, 103]
+  sc = load_scene(str(scene))
+  layout = NV12Layout.packed(sc.cameras["road"].width, sc.cameras["road"].height)
+  render, src = SceneRenderer(sc, "road", layout), LogSource([str(tmp_path / "route")])
+  served = []
+  for tick in src.ticks():
+    for fill in tick.frames.values():
+      fill(out := np.zeros(layout.size, np.uint8), layout)
+      served.append(out)
+  assert len(served) == 8 and not src.skipped, src.skipped
+  for n, out in enumerate(served): assert np.array_equal(out, render.render(n % sc.n_frames)), f"frame {n} got another picture"
