@@ -56,7 +56,7 @@ def draw_figure(title: str, panels: list[Panel], path: Path, width_in: float = 1
 
 @dataclass
 class RouteData:
-  """The plotted values of a route, one list per quantity, times in s from the route's first event."""
+  """The plotted values of a route, one list per quantity, times in s from the route's first model output."""
   model: dict[str, list] = field(default_factory=lambda: {k: [] for k in ('t', 'frame', 'exec', 'drop', 'lanes', 'probs', 'lead_x', 'lead_v', 'lead_p')})
   dm: dict[str, list] = field(default_factory=lambda: {k: [] for k in ('t', 'exec', 'face', 'leye', 'reye', 'lblink', 'rblink', 'phone')})
   dms: dict[str, list] = field(default_factory=lambda: {k: [] for k in ('t', 'awareness', 'distracted')})
@@ -65,8 +65,11 @@ def read_route(path: str) -> RouteData:
   from oproute import LogReader
   r, t0, rhd = RouteData(), None, None
   for ev in LogReader(path, 'a', sort_by_time=True):
+    if (w := ev.which()) not in ('modelV2', 'driverMonitoringState', 'driverStateV2'): continue
+    # from the first output on: a recorded replay's republished messages keep their drive's clock, the outputs are on
+    # this machine's, and times from the first event of all would put hours between them
     t0 = ev.logMonoTime if t0 is None else t0
-    t, w = (ev.logMonoTime - t0) / 1e9, ev.which()
+    t = (ev.logMonoTime - t0) / 1e9
     if w == 'modelV2':
       m, md = r.model, ev.modelV2
       m['t'].append(t); m['frame'].append(md.frameId); m['exec'].append(md.modelExecutionTime * 1e3); m['drop'].append(md.frameDropPerc)
