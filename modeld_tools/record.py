@@ -201,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
   cameras = args.video.split(",") if args.video else []
   if bad := [c for c in cameras if c not in CAMERAS]: ap.error(f"--video: expected cameras among road, wide, driver; got {bad}")
   if args.segment_seconds <= 0 or args.flush_seconds <= 0: ap.error("--segment-seconds and --flush-seconds must be > 0")
+  if args.lossless and not cameras: ap.error("--lossless: applies to --video only")
   if args.seconds is not None and not args.seconds > 0: ap.error(f"--seconds: expected S > 0, got {args.seconds}")
   if not args.stats_interval >= 0: ap.error(f"--stats-interval: expected S >= 0, got {args.stats_interval}")
   setup_logging(args.log_level)

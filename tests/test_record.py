@@ -411,6 +411,8 @@ def test_record_cli_errors(tmp_path):
   assert r.returncode == 2 and "unknown services ['notAService']" in r.stderr
   r = run("--video", "rear")
   assert r.returncode == 2 and "--video" in r.stderr
+  r = run("--lossless")
+  assert r.returncode == 2 and "--lossless: applies to --video only" in r.stderr
   for args, msg in ((["--seconds", "0"], "--seconds: expected S > 0, got 0.0"), (["--stats-interval", "-1"], "--stats-interval: expected S >= 0, got -1.0"),
                     (["--log-level", "loud"], "invalid choice: 'LOUD'")):
     r = run(*args)
