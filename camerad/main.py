@@ -68,7 +68,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
   pace.add_argument("--lockstep", action="store_true", help="send each frame after the daemons answered the previous one")
   ap.add_argument("--lockstep-services", metavar="LIST", help="outputs to wait for (default: modelV2 when road or wide "
                   "is served, driverStateV2 when driver is); only the daemons that publish them need to run")
-  ap.add_argument("--lockstep-timeout", type=float, default=30.0, metavar="S",
+  ap.add_argument("--lockstep-timeout", type=float, metavar="S",
                   help="seconds to wait for a client of each stream and for each frame's outputs; then exit 1 (default: 30)")
   ap.add_argument("--loop", action="store_true", help="start over at the end (frame ids keep increasing)")
   ap.add_argument("--start", type=int, default=0, metavar="N", help="first frame of the source (default: 0)")
@@ -82,6 +82,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
   if args.fps is not None and not 0 < args.fps <= 1000: ap.error(f"--fps: expected 0 < F <= 1000, got {args.fps}")
   if args.start < 0: ap.error(f"--start: expected >= 0, got {args.start}")
   if args.frames is not None and args.frames < 1: ap.error(f"--frames: expected >= 1, got {args.frames}")
+  if args.lockstep_timeout is not None and not args.lockstep: ap.error("--lockstep-timeout: applies to --lockstep only")
+  if args.lockstep_timeout is None: args.lockstep_timeout = 30.
   if args.lockstep_timeout <= 0: ap.error(f"--lockstep-timeout: expected > 0, got {args.lockstep_timeout}")
   if not 1 <= args.buffers <= MAX_BUFFERS: ap.error(f"--buffers: expected 1 <= N <= {MAX_BUFFERS}, got {args.buffers}")
   if args.lockstep_services and not args.lockstep: ap.error("--lockstep-services: applies to --lockstep only")

@@ -209,6 +209,7 @@ BAD_OPTIONS = [   # (options after --source synthetic:SCENE unless they give the
   (["--services", "noSuchService"], "--services: expected services of cereal/log.capnp's Event"),
   (["--services", "carState"], "--services and --messages-only apply to a LOG source, not to a synthetic scene"),
   (["--lockstep-services", "modelV2"], "--lockstep-services: applies to --lockstep only"),
+  (["--lockstep-timeout", "5"], "--lockstep-timeout: applies to --lockstep only"),
   (["--lockstep", "--lockstep-services", "noSuchService"], "--lockstep-services: unknown services ['noSuchService']"),
   (["--source", "synthetic:no_such_scene"], "no shipped scene 'no_such_scene' (shipped: curve, driver_blinking, driver_distracted, "
                                             "lane_change, lead_braking, straight; or give a scene file)"),
