@@ -213,15 +213,26 @@ def diff(args) -> int:
   if not (routes := sorted(ra & rb)):
     print(f"modeld-batch diff: {a} and {b} share no route", file=sys.stderr)
     return 1
+  failed = []   # routes one side has no outputs of: not a modeld-batch output (a routes folder, say), or an empty one
   for r in routes:
-    diffs = compare(route_outputs(a / r)[0], route_outputs(b / r)[0], top=args.top)
+    try:
+      outs = [route_outputs(p / r)[0] for p in (a, b)]
+      n = [sum(map(len, o.values())) for o in outs]
+      why = "" if all(n) else "; ".join(f"{p / r}: {k} {' and '.join(o)} messages" for p, k, o in zip((a, b), n, outs))
+    except (OSError, ValueError) as e: why = str(e)   # no segment there
+    if why:
+      print(f"modeld-batch diff: {r}: expected model outputs on both sides, got {why}", file=sys.stderr)
+      failed.append(r)
+      continue
+    diffs = compare(*outs, top=args.top)
     print(f"\n{r}\n{table(diffs)}")
     for d in diffs:
       if d.worst and d.worst[0][0] > 0:
         print(f"  {d.service}.{d.field}: largest changes at " + ", ".join(f"frame {fid} ({v:.3g})" for v, fid in d.worst if v > 0))
     worst = max((d.worst[0] for d in diffs if d.worst and d.service == "modelV2"), default=None)
     if worst and worst[0] > 0: print(f"  look at it: modeld-overlay {b / r} --start {worst[1]} --frames 1 --out {r}-{worst[1]}/")
-  return 0
+  if failed: print(f"modeld-batch diff: {len(failed)} of {len(routes)} routes not compared: {', '.join(failed)}", file=sys.stderr)
+  return 1 if failed else 0
 
 def cli(argv: list[str] | None) -> int:
   argv = sys.argv[1:] if argv is None else argv
@@ -230,7 +241,9 @@ def cli(argv: list[str] | None) -> int:
     ap.add_argument("a", metavar="OUT_A")
     ap.add_argument("b", metavar="OUT_B")
     ap.add_argument("--top", type=int, default=5, metavar="N", help="frames with the largest changes to list per field (default 5)")
-    return diff(ap.parse_args(argv[1:]))
+    args = ap.parse_args(argv[1:])
+    if args.top < 1: ap.error(f"--top: expected >= 1, got {args.top}")   # 0 would list no frame, and blank the worst frame's column too
+    return diff(args)
   ap = argparse.ArgumentParser(prog="modeld-batch", description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("routes", nargs="+", metavar="ROUTE", help="route folders or names, or segment folders; a route may end in a segment "

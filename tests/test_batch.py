@@ -274,7 +274,9 @@ def test_diff_lists_the_largest_changes(routes, tiny_artifacts, tmp_path):
   assert r.returncode == 0 and "largest changes" not in r.stdout and "only in" not in r.stdout
 
 def test_diff_reports_what_it_cannot_compare(routes, tiny_artifacts, tmp_path):
-  """A route in one output only is named, the shared ones compared; a folder that is not there is a one-line error."""
+  """A route in one output only is named, the shared ones compared; a folder that is not there is a one-line error;
+  so is a route one side has no model outputs of (the source routes given for an output: exit 1, not 0 frames
+  compared); --top 0 is refused."""
   assert batch(routes[0], "--artifacts", tiny_artifacts, "--out", tmp_path / "one").returncode == 0
   shutil.copytree(tmp_path / "one", tmp_path / "two")
   shutil.copytree(tmp_path / "one" / "a", tmp_path / "one" / "z")
@@ -284,6 +286,15 @@ def test_diff_reports_what_it_cannot_compare(routes, tiny_artifacts, tmp_path):
   assert r.returncode == 0 and f"only in {tmp_path / 'one'} (not compared): z" in r.stdout and "modelV2.position" in r.stdout, r.stdout
   r = diff(tmp_path / "one", tmp_path / "nowhere")
   assert r.returncode == 1 and f"no such folder: {tmp_path / 'nowhere'}" in r.stderr and "Traceback" not in r.stderr, r.stderr
+  r = diff(tmp_path / "one", routes[0].parent)
+  assert r.returncode == 1 and f"a: expected model outputs on both sides, got {tmp_path / 'one' / 'a'}: {2 * 2 * FRAMES} modelV2 and " in r.stderr, r.stderr
+  assert f"{routes[0]}: 0 modelV2 and driverStateV2 messages" in r.stderr and "1 of 1 routes not compared: a" in r.stderr, r.stderr
+  (tmp_path / "two" / "a" / "a--1").rename(tmp_path / "two" / "a" / "x")   # no segment left: not a route
+  shutil.rmtree(tmp_path / "two" / "a" / "a--0")
+  r = diff(tmp_path / "one", tmp_path / "two")
+  assert r.returncode == 1 and f"a: expected model outputs on both sides, got {tmp_path / 'two' / 'a'}: expected a log file" in r.stderr, r.stderr
+  r = diff(tmp_path / "one", tmp_path / "one", "--top", 0)
+  assert r.returncode == 2 and "--top: expected >= 1, got 0" in r.stderr, r.stderr
 
 @pytest.fixture(scope="module")
 def one_segment(routes, tiny_artifacts, tmp_path_factory) -> Path:
