@@ -5,8 +5,8 @@
 
 One Ray task per segment, served by long-lived actors (one per worker) that load the artifacts once, as a daemon does.
 A segment's frames go through the daemons' own frame code (modeld_batch/segment.py); its outputs and input camera states go
-to OUT/<route>/<route>--<n>/rlog.zst, written under a temporary name and renamed when complete. Before Ray starts, the
-artifacts' manifests are checked against each route's camera sizes. Without --address, ray.init() starts a local Ray
+to OUT/<route>/<route>--<n>/rlog.zst, its counts beside it (counts.json), written under a temporary name and renamed when
+complete. Before Ray starts, the artifacts' manifests are checked against each route's camera sizes. Without --address, ray.init() starts a local Ray
 with --workers workers (default: one per core); with it, the job joins that cluster, and ROUTE, --artifacts and --out
 must be paths every node reads, this machine included (a shared file system).
 """
@@ -45,7 +45,16 @@ class RouteSummary:
   bad_output: int = 0           # model runs whose outputs could not be parsed: skipped, nothing published
   model_s: float = 0.           # sum of modelExecutionTime and driverStateV2's
   wall_s: float = 0.            # sum of the segments' wall times on their workers
+  unrecorded: int = 0           # resumed segments without their counts (an older modeld-batch's): not in the counts above
   errors: list[str] = field(default_factory=list)
+
+  def add(self, r: dict) -> None:
+    """A finished segment's counts (its worker's result, or the COUNTS file beside its output): the counts above cover
+    every finished segment, resumed ones included."""
+    self.frames, self.invalid, self.lost = self.frames + r["frames"], self.invalid + r["invalid"], self.lost + r["lost"]
+    self.bad_output += r["bad_output"]
+    self.lost_why, self.unserved = dict(Counter(self.lost_why) + Counter(r["lost_why"])), dict(Counter(self.unserved) + Counter(r["unserved"]))
+    self.model_s, self.wall_s = self.model_s + r["model_s"], self.wall_s + r["wall_s"]
 
 def remove_partial(out: Path) -> None:
   """The temporary outputs of segments not completed (a segment is written as .<route>--<n>.tmp, renamed when whole)."""
@@ -109,6 +118,12 @@ def check_cluster(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
     raise ConnectionError(f"no Ray cluster answers at {address}{seen_as}: {e.strerror or f'no answer in {timeout:.0f} s'}; "
                           "start one there (ray start --head) or give its address") from None
 
+def segment_counts(j: Job) -> dict | None:
+  """The counts a worker left beside a complete segment's output; None where there are none (an older modeld-batch's)."""
+  from modeld_batch.segment import COUNTS
+  try: return json.loads((Path(j.out) / COUNTS).read_text())
+  except (OSError, ValueError): return None
+
 def run(args) -> int:
   import ray
   from tqdm import tqdm
@@ -122,8 +137,11 @@ def run(args) -> int:
   todo = [j for j in jobs if j.out not in done]
   summary = {j.route: RouteSummary(j.route) for j in jobs}
   for j in jobs:
-    summary[j.route].segments += 1
-    if j.out in done: summary[j.route].resumed += 1
+    (s := summary[j.route]).segments += 1
+    if j.out not in done: continue
+    s.resumed += 1
+    if (r := segment_counts(j)) is None: s.unrecorded += 1
+    else: s.add(r)
   if not todo:   # --resume after a complete run: nothing for Ray and the workers to start for
     report(summary, out, dict.fromkeys(("wall_s", "ray_s", "start_s", "job_s"), 0.))
     return 0
@@ -163,10 +181,8 @@ def run(args) -> int:
         except ray.exceptions.RayError as e: r = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
         if r.get("error"): s.errors.append(f"{Path(j.src).name}: {r['error']}")
         else:
-          s.done, s.frames, s.invalid, s.lost = s.done + 1, s.frames + r["frames"], s.invalid + r["invalid"], s.lost + r["lost"]
-          s.bad_output, s.lost_why = s.bad_output + r["bad_output"], dict(Counter(s.lost_why) + Counter(r["lost_why"]))
-          s.unserved = dict(Counter(s.unserved) + Counter(r["unserved"]))
-          s.model_s, s.wall_s = s.model_s + r["model_s"], s.wall_s + r["wall_s"]
+          s.done += 1
+          s.add(r)
         bar.update()
   except KeyboardInterrupt:
     interrupted = True
@@ -191,6 +207,7 @@ def report(summary: dict[str, RouteSummary], out: Path, times: dict[str, float])
                 f"{s.lost:5d} {s.model_s:8.1f} {s.wall_s:7.1f}")
     rows += [f"  failed: {e}" for e in s.errors] + [f"  lost {n}: {why}" for why, n in Counter(s.lost_why).most_common()]
     rows += [f"  not run in {n} segment(s): {why}" for why, n in Counter(s.unserved).most_common()]
+    if s.unrecorded: rows.append(f"  {s.unrecorded} resumed segment(s) without their counts (written by an older modeld-batch): not in frames and the rest")
   if all(s.resumed == s.segments for s in summary.values()):
     rows.append(f"nothing to run: all {sum(s.segments for s in summary.values())} segments were already done (--resume)")
   else:

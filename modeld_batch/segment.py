@@ -13,11 +13,12 @@ linked beside it (so modeld-overlay and camerad take the output as a route), all
 complete.
 """
 from __future__ import annotations
-import logging, math, os, shutil, time, traceback
+import json, logging, math, os, shutil, time, traceback
 from pathlib import Path
 import ray
 
 log = logging.getLogger("modeld-batch")
+COUNTS = "counts.json"   # beside a segment's rlog.zst, renamed with it: its counts, for the summary of a run that resumes it
 
 class Frame:
   """A decoded camera frame in a host buffer, with what a VisionIPC frame carries besides its memory."""
@@ -117,11 +118,13 @@ def replay_segment(src: str, out: str, runners: Runners) -> dict:
   rlog.close()
   if dead := [CAMERAS[c].video for c, cam in CAMERAS.items() if served.get(cam.stream) == 0]:
     raise VideoError(f"no frame of {', '.join(dead)} could be decoded ({'; '.join(source.skipped) or 'no reason given'})")
+  counts = {"frames": frames, "invalid": invalid, "model_s": model_s, "wall_s": time.monotonic() - t0, "lost": sum(source.skipped.values()),
+            "bad_output": stats.totals.get("bad_output", 0), "lost_why": dict(source.skipped),
+            "unserved": {f"{cam}: {why}": 1 for cam, why in source.unserved.items()}}   # as in a lockstep replay of the segment
+  (tmp / COUNTS).write_text(json.dumps(counts))
   if final.exists(): shutil.rmtree(final)
   os.rename(tmp, final)
-  return {"frames": frames, "invalid": invalid, "model_s": model_s, "wall_s": time.monotonic() - t0, "lost": sum(source.skipped.values()),
-          "bad_output": stats.totals.get("bad_output", 0), "lost_why": dict(source.skipped),
-          "unserved": {f"{cam}: {why}": 1 for cam, why in source.unserved.items()}}   # as in a lockstep replay of the segment
+  return counts
 
 @ray.remote
 class SegmentWorker:

@@ -306,15 +306,24 @@ def one_segment(routes, tiny_artifacts, tmp_path_factory) -> Path:
 
 def test_resume_with_everything_done_starts_nothing(routes, tiny_artifacts, one_segment, tmp_path):
   """--resume where every segment is complete: no Ray and no worker started (their times are 0), the summary says
-  so, exit 0."""
+  so, exit 0, and still counts what the first run counted (from the counts beside each segment's output). A segment
+  without them (an older modeld-batch's output) is counted as such, not as 0 frames."""
   shutil.copytree(one_segment, out := tmp_path / "out", symlinks=True)
+  (first,) = json.loads((one_segment / "summary.json").read_text())["routes"]
   r = batch(f"{routes[1]}/-1", "--artifacts", tiny_artifacts, "--out", out, "--resume")
   assert r.returncode == 0, r.stderr
   summary = json.loads((out / "summary.json").read_text())
   assert {k: summary[k] for k in ("ray_s", "start_s", "job_s")} == dict.fromkeys(("ray_s", "start_s", "job_s"), 0), summary
   (s,) = summary["routes"]
   assert (s["segments"], s["resumed"], s["done"], s["errors"]) == (1, 1, 0, []), s
-  assert "all 1 segments were already done" in r.stdout, r.stdout
+  assert s == {**first, "done": 0, "resumed": 1} and s["frames"] == FRAMES, (first, s)
+  assert "all 1 segments were already done" in r.stdout and f" {FRAMES} " in r.stdout.splitlines()[1], r.stdout
+  from modeld_batch.segment import COUNTS
+  (out / "b" / "b--1" / COUNTS).unlink()
+  r = batch(f"{routes[1]}/-1", "--artifacts", tiny_artifacts, "--out", out, "--resume")
+  (s,) = json.loads((out / "summary.json").read_text())["routes"]
+  assert r.returncode == 0 and (s["resumed"], s["unrecorded"], s["frames"]) == (1, 1, 0), (r.stderr, s)
+  assert "1 resumed segment(s) without their counts" in r.stdout, r.stdout
 
 def to_closed_pipe(*args: object, buffered: bool) -> subprocess.CompletedProcess:
   """modeld-batch with its stdout a pipe whose reader is gone before it writes (`| head` that has read enough).
