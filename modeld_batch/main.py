@@ -6,12 +6,13 @@
 One Ray task per segment, served by long-lived actors (one per worker) that load the artifacts once, as a daemon does.
 A segment's frames go through the daemons' own frame code (modeld_batch/segment.py); its outputs and input camera states go
 to OUT/<route>/<route>--<n>/rlog.zst, its counts beside it (counts.json), written under a temporary name and renamed when
-complete. Before Ray starts, the artifacts' manifests are checked against each route's camera sizes. Without --address, ray.init() starts a local Ray
+complete. Ctrl-C and SIGTERM stop the job cleanly (exit 130, 143): --resume goes on from there. Before Ray starts, the
+artifacts' manifests are checked against each route's camera sizes. Without --address, ray.init() starts a local Ray
 with --workers workers (default: one per core); with it, the job joins that cluster, and ROUTE, --artifacts and --out
 must be paths every node reads, this machine included (a shared file system).
 """
 from __future__ import annotations
-import argparse, json, os, shutil, socket, sys, time
+import argparse, json, os, shutil, signal, socket, sys, time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -146,27 +147,45 @@ def run(args) -> int:
     report(summary, out, dict.fromkeys(("wall_s", "ray_s", "start_s", "job_s"), 0.))
     return 0
   local = {} if args.address else {"num_cpus": args.workers or os.cpu_count() or 1, "include_dashboard": False}
-  t0 = t_ray = time.monotonic()
-  ray_s, workers, pending, queue, interrupted, t1 = 0., [], {}, list(todo), False, None
-  try:   # from here on a Ctrl-C (checking the inputs, Ray starting, the segments) stops cleanly
+  # SIGTERM (kill, timeout, systemd) stops the job as Ctrl-C does. The first of either raises KeyboardInterrupt, unless
+  # deferred (while a local Ray starts: ray.init() cut short leaves processes behind that ray.shutdown() does not know
+  # of); later ones are only noted, so that nothing cuts the clean-up short
+  caught, deferred = [], False
+  def on_signal(signum, frame):
+    caught.append(signum)
+    if len(caught) == 1 and not deferred: raise KeyboardInterrupt
+  handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+  t0, t_ray, t_workers, t1 = time.monotonic(), None, None, None   # t_*: when Ray's start-up, the workers' and the segments' began
+  workers, pending, queue, reported = [], {}, list(todo), set()
+  try:   # from here on a Ctrl-C or SIGTERM (checking the inputs, Ray starting, the segments) stops cleanly
     arts = manifests(args.artifacts)
     # workers run where Ray puts them: they get the artifact's tinygrad device from here, not from their node's default
     device = args.device or arts["road"].manifest["target"]["device"]
     check_layouts(todo, arts)
     if args.address: check_cluster(args.address)
-    t_ray = time.monotonic()
+    # ray.init() would set its own SIGTERM handler (sys.exit, wherever its start-up is), its core worker a native one
+    # (a crash dump on stderr): ours stays, and replaces the native one after
+    ray_sigterm, ray._private.utils.set_sigterm_handler = ray._private.utils.set_sigterm_handler, lambda handler: None
+    t_ray, deferred = time.monotonic(), not args.address   # joining a cluster starts no process here: a signal stops it at once
     try: ray.init(address=args.address, log_to_driver=False, runtime_env={"env_vars": {"DEV": device}}, **local)
-    except (ConnectionError, RuntimeError) as e:
-      if not args.address: raise
+    except Exception as e:
+      # a signal to the whole process group (systemd's stop) stops Ray's own processes too: its start-up fails, later
+      if caught: raise KeyboardInterrupt from None
+      if not args.address or not isinstance(e, ConnectionError | RuntimeError): raise
       raise ConnectionError(f"could not join the Ray cluster at {args.address}: {str(e).strip().splitlines()[0][:300]}") from None
+    finally:
+      deferred, ray._private.utils.set_sigterm_handler = False, ray_sigterm
+      signal.signal(signal.SIGTERM, on_signal)
+    if caught: raise KeyboardInterrupt   # the signal that came while Ray started
+    t_workers = time.monotonic()
     n_workers = args.workers or int(ray.cluster_resources().get("CPU", 1))
-    print(f"ray: {'joined ' + args.address if args.address else 'local'}, {n_workers} workers in {(ray_s := time.monotonic() - t_ray):.1f} s", file=sys.stderr)
+    print(f"ray: {'joined ' + args.address if args.address else 'local'}, {n_workers} workers in {t_workers - t_ray:.1f} s", file=sys.stderr)
     workers = [SegmentWorker.options(num_cpus=1, max_restarts=-1, max_task_retries=RETRIES).remote(str(args.artifacts))
                for _ in range(min(n_workers, len(todo)) or 1)]
     try: ray.get([w.pid.remote() for w in workers])   # started, artifacts loaded: what follows is the segments' time
     except ray.exceptions.RayError as e: sys.exit(f"modeld-batch: the workers could not start: {str(e).splitlines()[0][:300]}")
     t1 = time.monotonic()
-    print(f"workers ready (artifacts loaded) in {t1 - t_ray - ray_s:.1f} s", file=sys.stderr)
+    print(f"workers ready (artifacts loaded) in {t1 - t_workers:.1f} s", file=sys.stderr)
     with tqdm(total=len(jobs), initial=len(done), unit="segment", desc="modeld-batch", disable=args.quiet) as bar:
       idle = list(workers)
       while queue or pending:
@@ -176,6 +195,7 @@ def run(args) -> int:
         ready, _ = ray.wait(list(pending), num_returns=1)
         w, j = pending.pop(ready[0])
         idle.append(w)
+        reported.add(j.out)
         s = summary[j.route]
         try: r = ray.get(ready[0])
         except ray.exceptions.RayError as e: r = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
@@ -185,21 +205,31 @@ def run(args) -> int:
           s.add(r)
         bar.update()
   except KeyboardInterrupt:
-    interrupted = True
+    if not caught: caught.append(signal.SIGINT)   # raised by on_signal, unless Python raised one of its own
     for w in workers: ray.kill(w, no_restart=True)
-    print("modeld-batch: interrupted; complete segments are kept, --resume goes on from there", file=sys.stderr)
+    print(f"modeld-batch: interrupted ({signal.Signals(caught[0]).name}); complete segments are kept, --resume goes on from there", file=sys.stderr)
   finally:
-    t2 = time.monotonic()
+    # a signal from here on is only noted: the job is complete, or stopping already
+    deferred, t2, stopped = True, time.monotonic(), caught[0] if caught else None
     ray.shutdown()
-    if interrupted:
+    if stopped:
       remove_partial(out)
-  t1 = t1 or t2
-  report(summary, out, {"wall_s": time.monotonic() - t0, "ray_s": ray_s, "start_s": max(t1 - t_ray - ray_s, 0.), "job_s": t2 - t1})
-  return 130 if interrupted else 1 if any(s.errors for s in summary.values()) else 0
+      for j in todo:   # completed as the job stopped, its result not yet in: done all the same (--resume skips it)
+        if j.out not in reported and (Path(j.out) / "rlog.zst").is_file() and (r := segment_counts(j)) is not None:
+          summary[j.route].done += 1
+          summary[j.route].add(r)
+  # each phase's time, up to the next phase's start, or the end where the job stopped in it
+  span = lambda t, t_next: ((t_next or t2) - t) if t else 0.
+  try: report(summary, out, {"wall_s": time.monotonic() - t0, "ray_s": span(t_ray, t_workers), "start_s": span(t_workers, t1), "job_s": span(t1, None)},
+              interrupted=stopped)
+  finally:
+    for sig, h in handlers.items(): signal.signal(sig, h)
+  return 128 + stopped if stopped else 1 if any(s.errors for s in summary.values()) else 0   # 128 + the signal, as a shell reports it
 
-def report(summary: dict[str, RouteSummary], out: Path, times: dict[str, float]) -> None:
+def report(summary: dict[str, RouteSummary], out: Path, times: dict[str, float], interrupted: int | None = None) -> None:
   """The table on the terminal, and OUT/summary.json. times: wall_s (all of it), ray_s (Ray's start-up), start_s (the
-  workers', artifacts loaded), job_s (the segments, from the workers ready to the last result)."""
+  workers', artifacts loaded), job_s (the segments, from the workers ready to the last result). interrupted: the
+  signal that stopped the job early, if one did."""
   rows = [f"{'route':40s} {'segments':>8s} {'done':>5s} {'resumed':>7s} {'failed':>6s} {'frames':>7s} {'invalid':>7s} {'bad out':>7s} "
           f"{'lost':>5s} {'model s':>8s} {'wall s':>7s}"]
   for s in summary.values():
@@ -208,13 +238,17 @@ def report(summary: dict[str, RouteSummary], out: Path, times: dict[str, float])
     rows += [f"  failed: {e}" for e in s.errors] + [f"  lost {n}: {why}" for why, n in Counter(s.lost_why).most_common()]
     rows += [f"  not run in {n} segment(s): {why}" for why, n in Counter(s.unserved).most_common()]
     if s.unrecorded: rows.append(f"  {s.unrecorded} resumed segment(s) without their counts (written by an older modeld-batch): not in frames and the rest")
+  if interrupted:
+    left = sum(s.segments - s.done - s.resumed - len(s.errors) for s in summary.values())
+    rows.append(f"interrupted ({signal.Signals(interrupted).name}): {left} segment(s) not run; the same command with --resume goes on from there")
   if all(s.resumed == s.segments for s in summary.values()):
     rows.append(f"nothing to run: all {sum(s.segments for s in summary.values())} segments were already done (--resume)")
   else:
     rows.append(f"wall time {times['wall_s']:.1f} s: Ray {times['ray_s']:.1f} s, workers' start {times['start_s']:.1f} s, "
                 f"segments {times['job_s']:.1f} s")
   out.mkdir(parents=True, exist_ok=True)   # the file first: a terminal's reader that leaves early (| head) cannot lose it
-  (out / "summary.json").write_text(json.dumps({**times, "routes": [asdict(s) for s in summary.values()]}, indent=1))
+  (out / "summary.json").write_text(json.dumps({**times, "interrupted": interrupted is not None, "routes": [asdict(s) for s in summary.values()]},
+                                               indent=1))
   try: print("\n".join(rows), flush=True)
   except BrokenPipeError: reader_left()
 

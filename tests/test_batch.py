@@ -27,14 +27,19 @@ def start_batch(*args) -> subprocess.Popen:
   p.marker = marker.encode()
   return p
 
-def job_workers(p: subprocess.Popen) -> list[int]:
-  """The pids of p's Ray worker processes that hold a SegmentWorker."""
+def job_processes(p: subprocess.Popen, cmdline: str = "") -> list[int]:
+  """The pids of p's processes (Ray's included) whose command line holds cmdline, p itself not counted."""
   pids = []
-  for pid in subprocess.run(["pgrep", "-f", "ray::SegmentWorker"], capture_output=True, text=True).stdout.split():
+  for d in Path("/proc").iterdir():
     try:
-      if p.marker in Path(f"/proc/{pid}/environ").read_bytes(): pids.append(int(pid))
+      if d.name.isdigit() and int(d.name) != p.pid and p.marker in (d / "environ").read_bytes() and cmdline.encode() in (d / "cmdline").read_bytes():
+        pids.append(int(d.name))
     except OSError: pass   # gone meanwhile
   return pids
+
+def job_workers(p: subprocess.Popen) -> list[int]:
+  """The pids of p's Ray worker processes that hold a SegmentWorker."""
+  return job_processes(p, "ray::SegmentWorker")
 
 @pytest.fixture(scope="module")
 def routes(scene, tmp_path_factory) -> list[Path]:
@@ -234,31 +239,62 @@ def test_a_route_without_driver_video_runs_the_road_model_and_says_so(routes, ti
   services = Counter(ev.which() for ev in LogReader(str(tmp_path / "out" / "a")))
   assert services["modelV2"] == services["roadCameraState"] == summary["frames"] > 0 and services["driverStateV2"] == 0, services
 
-def test_ctrl_c_stops_cleanly_and_resume_finishes(scene, tiny_artifacts, tmp_path):
-  """Ctrl-C during a job (SIGINT to its process group, as a terminal sends it): exit 130, no temporary output left, no
-  worker of it left running; --resume completes the rest, and the outputs equal a run never interrupted."""
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_stops_cleanly_and_resume_finishes(sig, scene, tiny_artifacts, tmp_path):
+  """Ctrl-C (SIGINT to the job's process group, as a terminal sends it) or SIGTERM (to the driver alone, as kill,
+  timeout or a container's stop send it) while a segment is in progress: exit 128 + the signal, no temporary output
+  left, no worker of it left running, a summary.json that says the job was interrupted (no crash dump of Ray's);
+  --resume completes the rest, its summary counts every segment, and the outputs equal a run never interrupted."""
   long = tmp_path / "long"
   write_route(long, scene, segments=3, frames=40)
   p = start_batch(long, "--artifacts", tiny_artifacts, "--out", tmp_path / "out", "--workers", 1)
   try:
-    deadline = time.monotonic() + 120
-    while not (tmp_path / "out" / "long" / "long--0").exists():   # one segment done, others to come
+    deadline = time.monotonic() + 120   # one segment done, the next in progress
+    while not ((tmp_path / "out" / "long" / "long--0").exists() and list((tmp_path / "out" / "long").glob(".long--*.tmp"))):
       assert p.poll() is None and time.monotonic() < deadline, p.communicate()
-      time.sleep(0.01)
-    os.killpg(p.pid, signal.SIGINT)   # a terminal's Ctrl-C: the driver and every process of its group
+      time.sleep(0.005)
+    if sig == signal.SIGINT: os.killpg(p.pid, sig)   # a terminal's Ctrl-C: the driver and every process of its group
+    else: p.send_signal(sig)
     out, err = p.communicate(timeout=60)
   finally:
     if p.poll() is None: p.kill()
-  assert p.returncode == 130 and "interrupted" in err, err
+  assert p.returncode == 128 + sig and f"interrupted ({sig.name})" in err and "received at" not in err, (p.returncode, err)
   assert not list((tmp_path / "out").rglob("*.tmp"))
+  summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+  (s,) = summary["routes"]
+  assert summary["interrupted"] is True and 1 <= s["done"] < 3 and s["frames"] == 40 * s["done"], summary
+  assert f"interrupted ({sig.name}): {3 - s['done']} segment(s) not run" in out, out
   deadline = time.monotonic() + 10   # Ray's shutdown ends its workers as it goes
   while job_workers(p) and time.monotonic() < deadline: time.sleep(0.1)
   assert not job_workers(p), "a worker outlived the interrupted job"
   r = batch(long, "--artifacts", tiny_artifacts, "--out", tmp_path / "out", "--resume")
   assert r.returncode == 0, r.stderr
   assert sorted(os.listdir(tmp_path / "out" / "long")) == ["long--0", "long--1", "long--2"]
+  summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+  assert summary["interrupted"] is False and summary["routes"][0]["frames"] == 3 * 40 and summary["routes"][0]["resumed"] == s["done"], summary
   r = batch(long, "--artifacts", tiny_artifacts, "--out", tmp_path / "whole")
   same(tmp_path / "whole" / "long", tmp_path / "out" / "long")
+
+def test_ctrl_c_while_ray_starts_leaves_no_process(routes, tiny_artifacts, tmp_path):
+  """Ctrl-C while ray.init() starts a local Ray (its raylet up, the driver not yet connected): Ray's start-up is let
+  finish and then shut down, so no process of the job outlives it (cut short, it left Ray's agents running); exit 130,
+  and the summary counts the time as Ray's start-up, not the workers'."""
+  p = start_batch(routes[0], "--artifacts", tiny_artifacts, "--out", tmp_path / "out", "--workers", 1)
+  try:
+    deadline = time.monotonic() + 120
+    while not job_processes(p, "raylet/raylet"):   # the raylet binary, started by ray.init()
+      assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+      time.sleep(0.005)
+    os.killpg(p.pid, signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+  finally:
+    if p.poll() is None: p.kill()
+  assert p.returncode == 130 and "interrupted (SIGINT)" in err and "ray: local" not in err, (p.returncode, err)
+  summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+  assert summary["interrupted"] is True and summary["ray_s"] > 0 and summary["start_s"] == summary["job_s"] == 0, summary
+  deadline = time.monotonic() + 30   # ray.shutdown() has stopped them; the last may still be exiting
+  while job_processes(p) and time.monotonic() < deadline: time.sleep(0.1)
+  assert not (left := job_processes(p)), f"expected no process of the job left, got pids {left}"
 
 def test_diff_lists_the_largest_changes(routes, tiny_artifacts, tmp_path):
   """Two batch outputs of other models (the tiny ONNX models and the reference models): diff prints each field's
@@ -315,7 +351,7 @@ def test_resume_with_everything_done_starts_nothing(routes, tiny_artifacts, one_
   summary = json.loads((out / "summary.json").read_text())
   assert {k: summary[k] for k in ("ray_s", "start_s", "job_s")} == dict.fromkeys(("ray_s", "start_s", "job_s"), 0), summary
   (s,) = summary["routes"]
-  assert (s["segments"], s["resumed"], s["done"], s["errors"]) == (1, 1, 0, []), s
+  assert (s["segments"], s["resumed"], s["done"], s["errors"], summary["interrupted"]) == (1, 1, 0, [], False), s
   assert s == {**first, "done": 0, "resumed": 1} and s["frames"] == FRAMES, (first, s)
   assert "all 1 segments were already done" in r.stdout and f" {FRAMES} " in r.stdout.splitlines()[1], r.stdout
   from modeld_batch.segment import COUNTS
@@ -369,11 +405,11 @@ def syn_sent_to(port: int) -> bool:
   lines = [l for f in ("tcp", "tcp6") for l in Path(f"/proc/net/{f}").read_text().splitlines()[1:]]
   return any(f[3] == "02" and int(f[2].split(":")[1], 16) == port for f in map(str.split, lines))
 
-@pytest.mark.parametrize("sig, rc", [(signal.SIGTERM, -signal.SIGTERM), (signal.SIGINT, 130)])
-def test_sigterm_and_ctrl_c_stop_the_wait_for_a_cluster(sig, rc, routes, tiny_artifacts, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_and_ctrl_c_stop_the_wait_for_a_cluster(sig, routes, tiny_artifacts, tmp_path):
   """An address that never answers (a listener whose queue is full drops the connection's SYN): the job waits for it at
-  most CONNECT_TIMEOUT_S, and SIGTERM (as `timeout` or systemd send it) or Ctrl-C ends the wait at once: killed by the
-  signal, or exit 130, not the error the wait would end in (exit 1)."""
+  most CONNECT_TIMEOUT_S, and SIGTERM (as `timeout` or systemd send it) or Ctrl-C ends the wait at once: exit 128 + the
+  signal (143, 130), not the error the wait would end in (exit 1)."""
   from modeld_batch.main import CONNECT_TIMEOUT_S
   with socket.socket() as listener:
     listener.bind(("0.0.0.0", 0))   # all addresses: Ray takes 127.0.0.1 for this node's own IP address
@@ -401,7 +437,7 @@ def test_sigterm_and_ctrl_c_stop_the_wait_for_a_cluster(sig, rc, routes, tiny_ar
     finally:
       if p.poll() is None: p.kill()
       for c in queued: c.close()
-  assert p.returncode == rc, (p.returncode, err)
+  assert p.returncode == 128 + sig, (p.returncode, err)
   assert time.monotonic() - t < CONNECT_TIMEOUT_S, err
 
 def test_artifacts_for_other_cameras_are_refused_before_ray_starts(routes, tiny_artifacts, tmp_path):
