@@ -221,7 +221,7 @@ class LogSource(Source):
           if tick is not None and (tick.index != st.frameId or stream in tick.frames):
             yield from flush()
             tick, after = None, []
-          if (f := self.videos[stream].frame(st.frameId)) is None: continue
+          if (f := self.videos[stream].frame(st.frameId, st.timestampSof)) is None: continue
           if tick is None:
             tick = Tick(st.frameId, t, msgs=list((early or {}).items()))
             early = None

@@ -9,6 +9,8 @@ the calibration in force (liveCalibration), the same geometry the daemons and th
 
 Background of a recorded frame: the route's video of that camera when it was recorded; otherwise the synthetic scene
 given with --scene (frame id = scene frame, as camerad serves it); otherwise a blank canvas of the camera sensor's size.
+Frames are drawn by frame id: in a route whose camera restarted (ids from 0 again) an id's later outputs are drawn,
+over its first picture; draw such a route in parts (segment ranges) that do not repeat ids.
 """
 from __future__ import annotations
 import argparse, os, sys, time

@@ -99,25 +99,25 @@ def video_size(path: Path) -> tuple[int, int]:
   return d.width, d.height
 
 class EncodeIndex:
-  """Where each camera's frames are: {camera: {frameId: [(segmentNum, segmentId), ...]}}, from a route's EncodeIndex
-  events (full-resolution HEVC ones only; a qcamera index is another file). A frame id can be in a route more than
-  once: a camera restarted mid-route numbers its frames from 0 again."""
+  """Where each camera's frames are: {camera: {frameId: [(segmentNum, segmentId, timestampSof), ...]}}, from a route's
+  EncodeIndex events (full-resolution HEVC ones only; a qcamera index is another file). A frame id can be in a route
+  more than once: a camera restarted mid-route numbers its frames from 0 again; its start-of-frame time tells them apart."""
   def __init__(self):
-    self.frames: dict[str, dict[int, list[tuple[int, int]]]] = {}
+    self.frames: dict[str, dict[int, list[tuple[int, int, int]]]] = {}
 
   def add(self, ev) -> bool:
     """Take ev if it is an EncodeIndex event of a camera's HEVC file; True if it was one."""
     if (cam := ENCODE_IDX_OF.get(ev.which())) is None: return False
     e = getattr(ev, ev.which())
-    if e.type == "fullHEVC": self.frames.setdefault(cam, {}).setdefault(e.frameId, []).append((e.segmentNum, e.segmentId))
+    if e.type == "fullHEVC": self.frames.setdefault(cam, {}).setdefault(e.frameId, []).append((e.segmentNum, e.segmentId, e.timestampSof))
     return True
 
 class CameraVideo:
-  """One camera's frames of a route by frame id, decoded in file order: `frame(frame_id)` for the frames in the order
-  the route logged them, each the decoded picture or None (not in the video: counted in `skipped`). A frame id the
-  route has more than once (a camera restart) is the next such picture after the last one decoded.
-  segments: {segmentNum: segment folder}."""
-  def __init__(self, camera: str, segments: dict[int, Path], index: dict[int, list[tuple[int, int]]], skipped: Counter, threads: int = 0):
+  """One camera's frames of a route by frame id, decoded in file order: `frame(frame_id, sof)` for the frames in the
+  order the route logged them, each the decoded picture or None (not in the video: counted in `skipped`). A frame is
+  the picture indexed with its id and start-of-frame time (a camera restarted mid-route reuses ids); given no time,
+  or an index without times, the next picture of that id after the last decoded. segments: {segmentNum: segment folder}."""
+  def __init__(self, camera: str, segments: dict[int, Path], index: dict[int, list[tuple[int, int, int]]], skipped: Counter, threads: int = 0):
     self.camera, self.segments, self.skipped, self.threads = camera, segments, skipped, threads
     self.index = {fid: sorted(places) for fid, places in index.items()}
     self._seg, self._n, self._frames, self._dec = None, -1, iter(()), None
@@ -127,11 +127,11 @@ class CameraVideo:
     """The camera's video in the segments of these log files (None if the index has none of its frames)."""
     if camera not in index.frames: return None
     segs = {segment_number(f.parent): f.parent for f in logs}
-    if -1 in segs: segs = {n: segs[-1] for places in index.frames[camera].values() for n, _ in places}   # a lone log file: its video beside it
+    if -1 in segs: segs = {p[0]: segs[-1] for places in index.frames[camera].values() for p in places}   # a lone log file: its video beside it
     return cls(camera, segs, index.frames[camera], skipped, threads)
 
   def files(self) -> list[Path]:
-    segs = sorted({s for places in self.index.values() for s, _ in places})
+    segs = sorted({p[0] for places in self.index.values() for p in places})
     return [f for n in segs if n in self.segments and (f := self.segments[n] / CAMERAS[self.camera].video).is_file()]
 
   def size(self) -> tuple[int, int]:
@@ -148,13 +148,18 @@ class CameraVideo:
       self._frames = self._dec.frames()
     except VideoError as e: self.skipped[str(e)] += 1
 
-  def frame(self, frame_id: int) -> av.VideoFrame | None:
+  def frame(self, frame_id: int, sof: int | None = None) -> av.VideoFrame | None:
     if (places := self.index.get(frame_id)) is None:
       self.skipped[f"{self.camera}: frame {frame_id} has no {CAMERAS[self.camera].encode_idx}"] += 1
       return None
     here = (self._seg, self._n) if self._seg is not None else (-1, -1)
-    if (where := next((p for p in places if p > here), None)) is None: return self._missing()   # a picture already passed
-    seg, i = where
+    if sof is not None and any(p[2] for p in places):   # the picture of this very frame: another run's has another time
+      if (where := next((p for p in places if p[2] == sof), None)) is None:
+        self.skipped[f"{self.camera}: frame {frame_id} at {sof} has no {CAMERAS[self.camera].encode_idx}"] += 1
+        return None
+    else: where = next((p for p in places if p[:2] > here), places[-1])   # no times to go by: the next in the files
+    seg, i, _ = where
+    if (seg, i) <= here: return self._missing()   # a picture already passed
     if seg != self._seg: self._open(seg)
     while self._n < i:
       if (f := next(self._frames, None)) is None: return self._missing()

@@ -27,8 +27,9 @@ def write_route(path: Path, scene_file: Path, cameras: tuple[str, ...] = ("road"
                 first_frame_id: int = 100, t0: int = 10**12, extra=None, missing=frozenset(), restart: int | None = None) -> list[int]:
   """The route folder path/<name>--<n>; returns the frame ids, which start at first_frame_id (as a segment in the
   middle of a drive). extra(frame_id, t) -> [events] adds events after each frame's. missing: (camera, frame id) pairs
-  the encoder dropped: the camera state is logged, the picture and its EncodeIdx event are not. restart: the route's
-  frame from which the ids start again at first_frame_id (camerad restarted)."""
+  the encoder dropped: the camera state is logged, the picture and its EncodeIdx event are not (or (camera, -1 - n):
+  the route's n-th frame). restart: the route's frame from which the ids start again at first_frame_id (camerad
+  restarted)."""
   scene, ids, encode_id = load_scene(str(scene_file)), [], {c: 0 for c in cameras}
   for seg in range(segments):
     d = path / f"{path.name}--{seg}"
@@ -53,7 +54,7 @@ def write_route(path: Path, scene_file: Path, cameras: tuple[str, ...] = ("road"
         s = event(state_svc, t + 10, frameId=fid, timestampSof=t, timestampEof=t + 5_000_000)
         getattr(s, state_svc).sensor = "ar0231"
         evs.append(s)
-        if (c, fid) in missing: continue
+        if (c, fid) in missing or (c, -1 - n) in missing: continue
         w.write(picture(r.render(n % scene.n_frames), r.layout), fid, t, t + 5_000_000)
         e = event(idx_svc, t + 20, frameId=fid, encodeId=encode_id[c], segmentNum=seg, segmentId=pictures[c], segmentIdEncode=pictures[c],
                   timestampSof=t, timestampEof=t + 5_000_000)

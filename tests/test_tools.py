@@ -136,7 +136,7 @@ def recorded(route: Path, camera: str) -> dict[int, np.ndarray]:
   idx, segs = EncodeIndex(), {int(d.name.rsplit('--', 1)[1]): d for d in segment_dirs(route)}
   for ev in LogReader(route): idx.add(ev)
   files = {n: [rgb for _, rgb in decode(d / CAMERAS[camera].video)] for n, d in segs.items() if (d / CAMERAS[camera].video).exists()}
-  return {fid: files[seg][i] for fid, places in idx.frames[camera].items() for seg, i in places}
+  return {fid: files[seg][i] for fid, places in idx.frames[camera].items() for seg, i, _ in places}
 
 def road_pixel(scene, x: float, y: float) -> tuple[int, int]:
   """The road camera pixel of the road point x ahead, y right (calibrated frame, road at camera height)."""
