@@ -12,7 +12,7 @@ camera's states and index without dcamera.hevc unless RecordFront is on); the ou
 replayed are not compared, and the report says so.
 """
 from __future__ import annotations
-import argparse, os, re, shutil, signal, subprocess, sys, tempfile, time
+import argparse, contextlib, logging, os, re, shutil, signal, subprocess, sys, tempfile, time
 from datetime import datetime
 from pathlib import Path
 from cereal.services import ANSWERS, CAMERA_OF_STREAM, CAMERA_STATE_SERVICES, CAMERAS, STREAM_OF_STATE, answer_streams
@@ -24,6 +24,15 @@ with needs_extra("modeld-replay", "tools"):   # zstandard and PyAV: the route's 
   from modeld_tools.compare import FIELDS, FieldDiff, compare, route_outputs, table
 
 STOP_TIMEOUT_S = 20.
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+@contextlib.contextmanager
+def signals_held():
+  """SIGINT and SIGTERM wait until the block ends, so that a clean-up runs to its end (a signal that came meanwhile then
+  stops modeld-replay as usual)."""
+  signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+  try: yield
+  finally: signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 def route_cameras(route: list[str]) -> tuple[dict[int, tuple[int, int]], dict[str, str]]:
   """The streams camerad serves frames of from the route, decided by its route source itself (camera states,
@@ -38,9 +47,8 @@ class Stack:
     self.logs, self.env, self.procs = logs, env, {}
 
   def start(self, name: str, module: str, *args) -> subprocess.Popen:
-    err = open(self.logs / f"{name}.log", "w")
-    self.procs[name] = p = subprocess.Popen([sys.executable, "-m", module, *map(str, args)], stdout=subprocess.DEVNULL, stderr=err, env=self.env)
-    err.close()
+    with open(self.logs / f"{name}.log", "w") as err:   # not under signals_held: the child would inherit the blocked signals
+      self.procs[name] = p = subprocess.Popen([sys.executable, "-m", module, *map(str, args)], stdout=subprocess.DEVNULL, stderr=err, env=self.env)
     return p
 
   def stop(self, name: str) -> int:
@@ -82,8 +90,9 @@ def run_stack(route: list[str], out: Path, artifacts: Path, cameras: list[str], 
       if (rc := stack.stop(name)) != 0: return f"{name} exited with {rc}:\n{stack.tail(name)}"
     return None
   finally:
-    for name in stack.procs: stack.stop(name)
-    shutil.rmtree(runtime_dir(), ignore_errors=True)   # the stack's sockets and locks go with it
+    with signals_held():
+      for name in stack.procs: stack.stop(name)
+      shutil.rmtree(runtime_dir(), ignore_errors=True)   # the stack's sockets and locks go with it
 
 def main(argv: list[str] | None = None) -> int:
   ap = argparse.ArgumentParser(prog="modeld-replay", formatter_class=argparse.RawDescriptionHelpFormatter, description=__doc__, epilog="""
@@ -102,6 +111,7 @@ example: modeld-replay realdata/2026-11-30--04-00-00--3 --artifacts artifacts --
   if args.tolerance is not None and not args.tolerance >= 0: ap.error(f"--tolerance: expected X >= 0, got {args.tolerance}")
   out = args.out or Path("routes") / datetime.now().strftime("replay--%Y-%m-%d--%H-%M-%S")
   if out.exists(): ap.error(f"--out {out}: already exists; the replay writes a new route")
+  logging.getLogger("oproute").setLevel(logging.ERROR)   # what is wrong with the route's logs camerad says, and is passed on below
   try: served, unserved = route_cameras(args.route)
   except SourceError as e: ap.error(f"nothing to replay: {e}")
   cameras = [CAMERA_OF_STREAM[s] for s in served]
@@ -112,20 +122,23 @@ example: modeld-replay realdata/2026-11-30--04-00-00--3 --artifacts artifacts --
   os.environ["OPENPILOT_PREFIX"] = f"replay{os.getpid()}"   # a private stack: its topics and camera buffers are its own
   made = [p for p in (out, *out.parents) if not p.exists()]   # what the recorder will create: a failed replay removes it
   stop_signal = signal.SIGINT
-  def terminated(signum, _frame):   # SIGTERM (a service manager, `timeout`, a cancelled job) stops it as Ctrl-C does
+  def stopped(signum, _frame):   # SIGTERM (a service manager, `timeout`, a cancelled job) stops it as Ctrl-C does
     nonlocal stop_signal
     stop_signal = signum
-    signal.signal(signum, signal.SIG_IGN)   # once: a second one must not cut the clean-up short
+    for sig in STOP_SIGNALS: signal.signal(sig, signal.SIG_IGN)   # once: a second one must not cut the clean-up short
     raise KeyboardInterrupt
-  signal.signal(signal.SIGTERM, terminated)
+  for sig in STOP_SIGNALS: signal.signal(sig, stopped)
   with tempfile.TemporaryDirectory(prefix="modeld-replay-") as logs:
     t0 = time.monotonic()
     try: err = run_stack(args.route, out, args.artifacts, cameras, layouts, Path(logs), args.frames, args.timeout)
     except KeyboardInterrupt: err = "interrupted"
+    # the stack is gone: from here a signal ends modeld-replay at once, nothing is left to clean up
+    for sig in STOP_SIGNALS: signal.signal(sig, signal.SIG_DFL)
     # what camerad warned of (frames it could not serve, logs cut short) is the replay's to say too: left out, a damaged
-    # route would replay as a short one without a word
-    if (camerad_log := Path(logs) / "camerad.log").exists():
-      for m in re.finditer(r"(?:warning|error) camerad: (.*)", camerad_log.read_text()): print(f"modeld-replay: camerad: {m.group(1)}", file=sys.stderr)
+    # route would replay as a short one without a word (a failed camerad's log is printed whole below)
+    if err is None and (camerad_log := Path(logs) / "camerad.log").exists():
+      for m in re.finditer(r"(?:warning|error) (?:camerad|oproute\S*): (.*)", camerad_log.read_text()):
+        print(f"modeld-replay: camerad: {m.group(1)}", file=sys.stderr)
     if err is not None:
       shutil.rmtree(out, ignore_errors=True)   # a partial route: nothing to compare, and it would read as a replay
       for p in made[1:]:
