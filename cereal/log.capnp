@@ -432,7 +432,7 @@ struct DriverMonitoringState @0xb83cda094a1da284 {   # explicit id, as openpilot
   eventsDEPRECATED @0 :AnyPointer;
   faceDetected @1 :Bool;
   isDistracted @2 :Bool;
-  awarenessStatus @3 :Float32;      # 1 attentive .. 0 alert
+  awarenessStatus @3 :Float32;      # 1 attentive .. 0 alert (-0.1 at most past it)
   isRHD @4 :Bool;
   rhdCheckedDEPRECATED @5 :Bool;
   posePitchOffset @6 :Float32;

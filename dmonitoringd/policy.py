@@ -19,9 +19,11 @@ driverMonitoringState, following openpilot's monitoring rules (selfdrive/monitor
   DISTRACTED_TIME while distracted, passive mode over AWARENESS_TIME while no face is seen or the pose is unsure for
   10 s; each mode keeps its own awareness. Attentive (distraction filtered over 0.25 s below 0.37), it recovers,
   faster the lower it is. It is reset to 1 while openpilot is not engaged (selfdriveState.enabled: a stack or a route
-  without selfdriveState is never engaged) and when the driver touches the wheel or the gas in passive mode. At
-  standstill it stops short of the prompt.
-- Not filled: `events` (openpilot's alerts), and phoneProbOffset/phoneProbValidCount (not in this schema).
+  without selfdriveState is never engaged), when the driver touches the wheel or the gas in passive mode, or while
+  attentive in active mode. At standstill it stops short of the prompt.
+- Not as openpilot: it steps on every driver frame dmonitoringd runs (openpilot's steps only while all its inputs are
+  alive and valid, else it republishes its last state); openpilot's always-on mode (AlwaysOnDM) is not there; not
+  filled: `events` (openpilot's alerts), phoneProbOffset/phoneProbValidCount (not in this schema).
 """
 from __future__ import annotations
 import math
@@ -101,7 +103,7 @@ class DriverMonitoring:
     self.s = s = settings
     self.wheelpos = FilteredMean()
     self.pitch_offset, self.yaw_offset, self.phone_offset = (FilteredMean(s.POSE_OFFSET_MAX_COUNT) for _ in range(3))
-    self.is_rhd, self.rhd_last = False, None
+    self.rhd_last = None
     self.pose_calibrated = self.phone_calibrated = False
     self.distraction = 0.   # the distracted flag through a first-order filter
     self.hi_stds = self.uncertain_count = self.uncertain_reset = 0
@@ -119,7 +121,7 @@ class DriverMonitoring:
       self.wheelpos.push(dm['wheel_on_right_prob'])
     rhd = self.wheelpos.filtered.mean > s.WHEELPOS_THRESHOLD if self.wheelpos.filtered.n > s.WHEELPOS_FILTER_MIN_COUNT else False
     if engaged and self.rhd_last is not None: rhd = self.rhd_last   # never changes sides while engaged
-    self.is_rhd = self.rhd_last = rhd
+    self.rhd_last = rhd
     d = dm['rhd' if rhd else 'lhd']
 
     face = d['face_prob'] > s.FACE_THRESHOLD

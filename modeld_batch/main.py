@@ -149,7 +149,7 @@ def run(args) -> int:
   local = {} if args.address else {"num_cpus": args.workers or os.cpu_count() or 1, "include_dashboard": False}
   # SIGTERM (kill, timeout, systemd) stops the job as Ctrl-C does. The first of either raises KeyboardInterrupt, unless
   # deferred (while a local Ray starts: ray.init() cut short leaves processes behind that ray.shutdown() does not know
-  # of); later ones are only noted, so that nothing cuts the clean-up short
+  # of; while a finished segment is counted); later ones are only noted, so that nothing cuts the clean-up short
   caught, deferred = [], False
   def on_signal(signum, frame):
     caught.append(signum)
@@ -195,14 +195,16 @@ def run(args) -> int:
         ready, _ = ray.wait(list(pending), num_returns=1)
         w, j = pending.pop(ready[0])
         idle.append(w)
-        reported.add(j.out)
-        s = summary[j.route]
+        deferred, s = True, summary[j.route]   # a signal waits until this result is counted whole, and once
         try: r = ray.get(ready[0])
         except ray.exceptions.RayError as e: r = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
         if r.get("error"): s.errors.append(f"{Path(j.src).name}: {r['error']}")
         else:
           s.done += 1
           s.add(r)
+        reported.add(j.out)
+        deferred = False
+        if caught: raise KeyboardInterrupt
         bar.update()
   except KeyboardInterrupt:
     if not caught: caught.append(signal.SIGINT)   # raised by on_signal, unless Python raised one of its own

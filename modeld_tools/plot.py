@@ -5,7 +5,7 @@ lanes       lane line positions at a few distances ahead, and their probabilitie
 lead        the lead's distance, speed and probability
 driver      face, eye, blink and phone probabilities of the driver's side, and awareness
 
-Each is one figure of stacked panels (matplotlib) sharing the time axis (seconds from the route's first event), each
+Each is one figure of stacked panels (matplotlib) sharing the time axis (seconds from the route's first model output), each
 with its own y scale, grid and legend. A missing value (no lead, NaN) breaks a line.
 """
 from __future__ import annotations
