@@ -12,6 +12,7 @@ import numpy as np
 from camerad.scene import load_scene
 from modelrt.constants import X_IDXS, T_IDXS, FRAME_SKIP
 from modelrt.contracts import ROAD_V0_11_1
+from dmonitoringd.policy import face_pose
 from tests.evaluate import run_road, run_dm
 
 NEAR = (X_IDXS >= 10) & (X_IDXS <= 50)
@@ -66,9 +67,10 @@ def dm_errors(rs: list[dict]) -> dict[str, tuple[np.ndarray, float, str]]:
     s = r['rhd' if d['wheel_on_right'] else 'lhd']
     f = d['face']
     e['face position'].append(np.hypot(*((s['face_position'] - f['position']) * (1440, 960))) / 1440)
-    calib = r['truth']['calib']
-    e['face pitch'].append(abs(s['face_orientation'][0] + calib[1] - f['pitch']))
-    e['face yaw'].append(abs(s['face_orientation'][1] + calib[2] - f['yaw']))
+    calib = r['truth']['calib']   # the orientation as openpilot's monitoring reads it: the scene's turn, negated, less the calibration
+    pitch, yaw = face_pose(s['face_orientation'], s['face_position'], calib)
+    e['face pitch'].append(abs(pitch + calib[1] + f['pitch']))
+    e['face yaw'].append(abs(yaw + calib[2] + f['yaw']))
     e['blink wrong'].append(float((min(s['left_blink_prob'], s['right_blink_prob']) > 0.5) != d['eyes_closed']))
     e['phone wrong'].append(float((s['using_phone_prob'] > 0.5) != d['phone']))
     e['wheel side wrong'].append(float((r['wheel_on_right_prob'] > 0.5) != d['wheel_on_right']))

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 import numpy as np
-from modelrt.constants import DT as DT_DMON   # the policy steps once per driver frame it runs on
+from modelrt.constants import DT as DT_DMON, DM_FACE_EFL as EFL, DM_FACE_W as PICTURE_W, DM_FACE_H as PICTURE_H   # DT: a step per driver frame
 
 @dataclass(frozen=True)
 class Settings:
@@ -68,7 +68,6 @@ class Settings:
   WHEELPOS_THRESHOLD: float = 0.5
   WHEELPOS_FILTER_MIN_COUNT: int = int(15 / DT_DMON)
 
-EFL, PICTURE_W, PICTURE_H = 598., 1928, 1208   # the model's face position is a fraction of this picture
 
 class DistractedType:
   POSE, EYES, PHONE = 1, 2, 4

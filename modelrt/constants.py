@@ -25,3 +25,6 @@ IMG_CHANNELS = 6                                    # Y[0::2,0::2], Y[1::2,0::2]
 IMG_INPUT_SHAPE = (1, 2 * IMG_CHANNELS, MODEL_HEIGHT // 2, MODEL_WIDTH // 2)   # (1, 12, 128, 256) uint8: older, newest
 DM_WIDTH, DM_HEIGHT = 1440, 960
 DM_INPUT_SHAPE = (1, DM_WIDTH * DM_HEIGHT)
+# openpilot's monitoring reads the driver model's face position through this pinhole (the road camera's, whatever the
+# driver camera), to turn the face's device-frame orientation into the driver's view of the road
+DM_FACE_EFL, DM_FACE_W, DM_FACE_H = 598., 1928, 1208

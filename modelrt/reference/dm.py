@@ -5,20 +5,25 @@ The 1440x960 Y plane is mean-pooled 4x4 (360x240). Each driver side looks at its
 sit in the left half, see docs/SCENES.md):
 - face: the skin-bright blob (between the dark cabin and the brightest things): its pixel count gives face_prob,
   its centroid the position (openpilot's convention: pixel / (1440, 960) - 0.5), its area the size;
-- eyes: darker-than-skin spots in the upper face; an open eye is very dark, a closed one a thin mid-grey line. The
-  eye pair's offset from the face centre gives yaw and pitch (eyes sit at +-0.4 a + 0.6 a sin(yaw) across and
-  -0.15 b + 0.6 b sin(pitch) down of an a x b face), the line through both eyes the roll;
+- eyes: darker-than-skin spots in the upper face; an open eye is very dark, a closed one a thin mid-grey line
+  (eye_prob is openpilot's "eye visible": any face's eyes are, open or closed; blink_prob says closed). The eye
+  pair's offset from the face centre gives the head's turn (eyes sit at +-0.4 a + 0.6 a sin(yaw) across and
+  -0.15 b + 0.6 b sin(pitch) down of an a x b face; yaw > 0 towards image right, pitch > 0 down, the scenes'
+  signs), the line through both eyes the roll;
 - phone: the brightest pixels near the face;
 - wheel_on_right: which half holds more skin.
-Orientation is [pitch, yaw, roll] (radians, yaw > 0 towards image right, pitch > 0 down, roll > 0 clockwise),
-camera-relative minus the calibration's (pitch, yaw, roll). Sunglasses are never detected (low, constant).
+Orientation is [pitch, yaw, roll] in openpilot's convention, which its monitoring turns into the driver's view of the
+road (dmonitoringd.policy.face_pose): the device frame, in which a face that looks along the road from off the
+camera's axis is turned by the angle of its place in the picture (openpilot's pinhole: f 598 over 1928x1208), pitch
+up and yaw to the driver's right; so a face the scene turns by (yaw, pitch) reads as looking (-yaw, -pitch) off the
+road ahead. Roll is the scene's less the calibration's. Sunglasses are never detected (low, constant).
 """
 import hashlib, math
 from collections.abc import Callable
 from pathlib import Path
 import numpy as np
 from tinygrad import Tensor, dtypes
-from modelrt.constants import DM_WIDTH, DM_HEIGHT
+from modelrt.constants import DM_WIDTH, DM_HEIGHT, DM_FACE_EFL as EFL, DM_FACE_W as EFL_W, DM_FACE_H as EFL_H
 from modelrt.contracts import DM_V0_11_1 as CONTRACT
 from modelrt.modeldef import ModelDef
 
@@ -69,15 +74,17 @@ def side(Y: Tensor, u: Tensor, v: Tensor, half: Tensor, calib: Tensor) -> dict[s
   dark, near = (Y < EYE_OPEN).float(), ((du.abs() < 1.3 * H) & (dv.abs() < H)).float()
   open_l, open_r, phone = sums(dark * right_img, dark * left_img, (Y > PHONE).float() * near)
   open_l, open_r = open_l / want, open_r / want
-  eye_logit = lambda o: face.where(((o - 0.3) * 12).clip(-6, 6), -4.0)
   blink_logit = lambda o: face.where(((0.3 - o) * 12).clip(-6, 6), -4.0)
   phone = phone / (0.02 * H * H / (POOL * POOL) + 1)
   orient_std = eyes_seen.where(0.1, 1.0)
-  return {'face_descs': Tensor.stack(pitch - calib[0, 1], yaw - calib[0, 2], roll - calib[0, 0],
-                                     cu / DM_WIDTH - 0.5, cv / DM_HEIGHT - 0.5, H / DM_HEIGHT,
+  pu, pv = cu / DM_WIDTH - 0.5, cv / DM_HEIGHT - 0.5
+  # the device frame: the direction of the face's place in the picture, less the turn off the road (yaw to the
+  # driver's right is to the image's left; pitch up is the image's up)
+  focal_yaw, focal_pitch = (((pu + 0.5) * EFL_W - EFL_W // 2) / EFL).atan(), (((pv + 0.5) * EFL_H - EFL_H // 2) / EFL).atan()
+  return {'face_descs': Tensor.stack(-pitch - focal_pitch, focal_yaw + yaw, roll - calib[0, 0], pu, pv, H / DM_HEIGHT,
                                      orient_std.log(), orient_std.log(), orient_std.log(),
                                      face.where(math.log(0.01), 0.0), face.where(math.log(0.01), 0.0), face.where(math.log(0.02), 0.0)),
-          'face_prob': ((n - FACE_AREA_MIN) / 300).clip(-6, 6), 'left_eye_prob': eye_logit(open_l), 'right_eye_prob': eye_logit(open_r),
+          'face_prob': ((n - FACE_AREA_MIN) / 300).clip(-6, 6), 'left_eye_prob': face.where(4.0, -4.0), 'right_eye_prob': face.where(4.0, -4.0),
           'left_blink_prob': blink_logit(open_l), 'right_blink_prob': blink_logit(open_r), 'sunglasses_prob': n * 0 - 4.0,
           'using_phone_prob': face.where(((phone - 0.3) * 10).clip(-6, 6), -4.0), 'sleep_prob': blink_logit((open_l + open_r) / 2) - 2.0,
           'n': n}
