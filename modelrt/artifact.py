@@ -53,8 +53,11 @@ def cpu_features(cpuinfo: str | None = None) -> list[str]:
 
 def target(device: str) -> dict[str, Any]:
   """What compiled code is tied to: the device, its compiler arch, and for the CPU the instruction-set features."""
-  device = Device.canonicalize(device)
-  arch = getattr(Device[device], 'arch', None)
+  try:
+    device = Device.canonicalize(device)
+    arch = getattr(Device[device], 'arch', None)
+  except Exception as e:   # an unknown name, a backend whose library or hardware is not here: tinygrad raises anything
+    raise ArtifactError(f"tinygrad device {device!r} cannot be opened on this machine: {type(e).__name__}: {str(e).strip().splitlines()[0][:200]}") from None
   return {'device': device, 'arch': arch, 'machine': platform.machine(),
           'cpu_features': cpu_features() if device.split(':')[0] == 'CPU' else []}
 

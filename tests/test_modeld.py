@@ -490,3 +490,13 @@ def test_daemon_reconnects_to_a_restarted_server_that_waits_for_it(artifacts):
     rc, _ = d.stop()
     cam.close(); col.close(); notify.close()
   assert rc == 0
+
+@pytest.mark.parametrize("module", ["modeld", "dmonitoringd"])
+def test_a_device_this_machine_cannot_open_exits_78(artifacts, module):
+  """--device (or DEV) naming a tinygrad backend that is not here is a configuration error: exit 78 with the device
+  named, which systemd does not restart, not a traceback and exit 1 (restarted over and over)."""
+  d = Daemon(module, artifacts, '--device', 'NOPE')
+  try: rc = d.proc.wait(60)
+  finally: d.stop()
+  err = d.stderr()
+  assert rc == EX_CONFIG and "tinygrad device 'NOPE' cannot be opened on this machine" in err and 'Traceback' not in err, err
