@@ -183,7 +183,7 @@ def build_family(out: str | os.PathLike, family: str, models: dict[str, ModelDef
   key = {'format': FORMAT_VERSION, 'family': family, 'contract': contract.name, 'tinygrad': artifact.tinygrad_version(), 'target': artifact.target(device),
          'options': {'beam': beam, 'winograd': winograd}, 'sources': {**{k: md.source_sha256 for k, md in models.items()}, 'code': code_sha256(),
                                                           'contract': hashlib.sha256(repr(contract).encode()).hexdigest()},
-         'layouts': [str(l) for l in layouts]}
+         'layouts': sorted(str(l) for l in layouts)}   # the same set of layouts, in any order, is the same build
   build_id = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
   if not force:
     try:
@@ -271,13 +271,14 @@ CACHEDB=path moves tinygrad's compile cache.""".format(contracts=', '.join(sorte
   ap.add_argument('--force', action='store_true', help="rebuild even when an identical build is already there")
   ap.add_argument('--quiet', action='store_true', help="no progress bar")
   args = ap.parse_args(argv)
-  try: layouts = [NV12Layout.parse(c) for c in args.camera]
+  try: layouts = list(dict.fromkeys(NV12Layout.parse(c) for c in args.camera))   # a layout given twice is built once
   except ValueError as e: ap.error(str(e))
+  if args.beam < 0: ap.error(f"--beam: expected N >= 0, got {args.beam}")
   if args.reference and (args.vision_onnx or args.policy_onnx or args.dm_onnx): ap.error("--reference replaces the ONNX files: give one or the other")
   if bool(args.vision_onnx) != bool(args.policy_onnx): ap.error("the road model needs both --vision-onnx and --policy-onnx")
   if not (args.reference or args.vision_onnx or args.dm_onnx): ap.error("nothing to build: give ONNX models or --reference")
   families = [f for f in artifact.FAMILIES if (args.reference or (args.vision_onnx if f == 'road' else args.dm_onnx)) and (not args.family or f in args.family)]
-  if not families: ap.error(f"--family {args.family} has no models given")
+  if not families: ap.error(f"--family {', '.join(args.family)}: no models given for it")
   device = Device.canonicalize(args.device or Device.DEFAULT)
   cams = [a for l in layouts for a in ('--camera', str(l))]
   from modelrt.onnx_import import load_onnx, OnnxImportError

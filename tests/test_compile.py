@@ -158,7 +158,8 @@ def test_help_explains_itself(capsys):
   (['--reference', '--dm-onnx', 'd.onnx', '--camera', '64x48', '--out', 'x'], 'one or the other'),
   (['--reference', '--camera', '64x47', '--out', 'x'], 'positive even width and height'),
   (['--reference', '--camera', 'big', '--out', 'x'], "expected 'WxH'"),
-  (['--dm-onnx', 'd.onnx', '--family', 'road', '--camera', '64x48', '--out', 'x'], 'has no models given'),
+  (['--dm-onnx', 'd.onnx', '--family', 'road', '--camera', '64x48', '--out', 'x'], '--family road: no models given for it'),
+  (['--reference', '--camera', '64x48', '--beam', '-1', '--out', 'x'], '--beam: expected N >= 0, got -1'),
 ])
 def test_cli_refuses_bad_arguments(capsys, argv, msg):
   with pytest.raises(SystemExit) as e: main(argv)

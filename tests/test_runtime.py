@@ -69,6 +69,11 @@ def test_unchanged_build_is_skipped(built, tmp_path, capsys):
   mtime = os.stat(tmp_path / 'road' / 'manifest.json').st_mtime_ns
   assert main(built[2][:-3] + ['--out', str(tmp_path), '--quiet']) == 0
   assert 'road: up to date' in capsys.readouterr().out and os.stat(tmp_path / 'road' / 'manifest.json').st_mtime_ns == mtime
+  argv = built[2][:-3]   # the same layouts in the other order, one of them twice: the same build
+  cams = [i + 1 for i, a in enumerate(argv) if a == '--camera']
+  argv[cams[0]], argv[cams[-1]] = argv[cams[-1]], argv[cams[0]]
+  assert main(argv + ['--camera', argv[cams[0]], '--out', str(tmp_path), '--quiet']) == 0
+  assert 'road: up to date' in capsys.readouterr().out and os.stat(tmp_path / 'road' / 'manifest.json').st_mtime_ns == mtime
 
 @pytest.mark.parametrize('change', ['code', 'contract'])
 def test_a_changed_dependency_is_built_again(built, tmp_path, capsys, monkeypatch, change):
