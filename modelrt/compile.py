@@ -8,7 +8,7 @@ and replays bit-identically) and only then writes DIR/<family>/ atomically. A bu
 sources, contract, options, layouts and tinygrad/target versions: an unchanged build is skipped.
 """
 from __future__ import annotations
-import argparse, contextlib, hashlib, json, os, pathlib, sys, time
+import argparse, contextlib, hashlib, json, os, pathlib, signal, sys, time
 from dataclasses import dataclass
 from collections.abc import Callable, Iterator
 import numpy as np
@@ -282,6 +282,11 @@ CACHEDB=path moves tinygrad's compile cache.""".format(contracts=', '.join(sorte
   device = Device.canonicalize(args.device or Device.DEFAULT)
   cams = [a for l in layouts for a in ('--camera', str(l))]
   from modelrt.onnx_import import load_onnx, OnnxImportError
+  stop = []
+  def stopped(signum, _frame):   # SIGTERM as Ctrl-C: the build's temporary folder goes, the artifact stays as it was
+    stop.append(signum)
+    raise KeyboardInterrupt
+  signal.signal(signal.SIGTERM, stopped)
   try:
     for family in families:
       if args.reference:
@@ -303,6 +308,9 @@ CACHEDB=path moves tinygrad's compile cache.""".format(contracts=', '.join(sorte
   except (ContractError, ValidationError, OnnxImportError, ArtifactError, OSError) as e:
     print(f"modeld-compile: error: {e}", file=sys.stderr)
     return 1
+  except KeyboardInterrupt:
+    print(f"modeld-compile: interrupted; {args.out} keeps what it held before this build", file=sys.stderr)
+    return 128 + (stop[0] if stop else signal.SIGINT)
   return 0
 
 if __name__ == '__main__': sys.exit(main())

@@ -226,3 +226,17 @@ def test_winograd_takes_the_dense_3x3_stride_1_convolutions_only(tmp_path):
       np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
       kernels[wino] = sorted(_name(c) for c in _calls(jit.captured.linear))
     assert (kernels[0] != kernels[1]) == (name == 'dense'), (name, kernels)
+
+def test_sigterm_mid_build_leaves_nothing(tmp_path):
+  """SIGTERM (systemd, `timeout`) while a build runs stops it as Ctrl-C does: exit 143, a line saying so, and no
+  temporary folder left in --out."""
+  import pathlib, signal, subprocess, sys, time
+  out = tmp_path / 'art'
+  p = subprocess.Popen([sys.executable, '-m', 'modelrt.compile', '--reference', '--family', 'road', '--camera', '1928x1208', '--out', str(out),
+                        '--quiet', '--force'], stderr=subprocess.PIPE, text=True, cwd=pathlib.Path(__file__).resolve().parents[1])
+  deadline = time.monotonic() + 60
+  while not list(out.glob('.road.tmp-*')) and time.monotonic() < deadline and p.poll() is None: time.sleep(0.05)
+  p.send_signal(signal.SIGTERM)
+  err = p.communicate(timeout=60)[1]
+  assert p.returncode == 128 + signal.SIGTERM and 'interrupted' in err and 'Traceback' not in err, err
+  assert list(out.iterdir()) == [], list(out.iterdir())
