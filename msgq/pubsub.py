@@ -87,6 +87,11 @@ def runtime_dir() -> str:
   root = os.environ.get("MSGQ_RUNTIME_DIR") or \
          (os.path.join(os.environ["XDG_RUNTIME_DIR"], "msgq") if os.environ.get("XDG_RUNTIME_DIR") else f"/tmp/msgq-{os.getuid()}")
   path = os.path.join(root, _prefix() or "default")
+  if os.getuid() == 0 and (owner := _owner(root)) not in (None, 0):
+    # root looking at another user's stack (a service user's /run/modeld): as it is. A folder made or a mode changed
+    # here would lock that user out of its own stack
+    if not os.path.isdir(path): raise IpcError(f"no stack runs in {path} (its runtime directory {root} belongs to uid {owner})")
+    return path
   try:
     os.makedirs(path, mode=0o700, exist_ok=True)
     st = os.stat(root)
@@ -96,6 +101,10 @@ def runtime_dir() -> str:
       if os.stat(d).st_mode & 0o077: os.chmod(d, 0o700)
   except OSError as e: raise IpcError(f"cannot create runtime directory {path}: {e}") from None
   return path
+
+def _owner(path: str) -> int | None:
+  try: return os.stat(path).st_uid
+  except OSError: return None
 
 def _ipc_path(endpoint: str) -> str:
   if not endpoint or "/" in endpoint: raise IpcError(f"endpoint must be a plain name, got {endpoint!r}")

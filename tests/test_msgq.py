@@ -1,5 +1,6 @@
 """msgq pub/sub: every guarantee of msgq/pubsub.py, with real ZMQ sockets and real processes (spawned, not forked)."""
-import fcntl, hashlib, math, multiprocessing, os, signal, socket, stat, threading, time
+import fcntl, hashlib, math, multiprocessing, os, shutil, signal, socket, stat, threading, time
+from pathlib import Path
 from contextlib import contextmanager
 import pytest
 import zmq
@@ -106,6 +107,39 @@ def test_runtime_dir_is_private_and_per_prefix(tmp_path, monkeypatch):
   for bad in ("x/y", "..", "."):
     monkeypatch.setenv("OPENPILOT_PREFIX", bad)
     with pytest.raises(msgq.IpcError, match="OPENPILOT_PREFIX"): msgq.runtime_dir()
+
+def _publish_as(uid: int, root: str, conn) -> None:
+  """A publisher of "ep" under another user (a service's), in its own runtime directory, until told to stop."""
+  os.setgid(uid); os.setuid(uid)
+  os.environ["MSGQ_RUNTIME_DIR"], os.environ["OPENPILOT_PREFIX"] = root, "svc"
+  pub = msgq.pub_sock("ep")
+  conn.send("up")
+  while not conn.poll(0.01): pub.send(b"from the service")
+  pub.close()
+
+@pytest.mark.skipif(os.getuid() != 0, reason="root reading another user's stack")
+def test_root_reads_a_service_users_stack_as_it_is(monkeypatch):
+  """The services run as their own user in a runtime directory of theirs (systemd's /run/modeld, 0750): root's tools
+  read it without creating or narrowing anything in it (the user would be locked out of its own stack), and a prefix
+  that runs nothing there is an error, not a folder made."""
+  import tempfile
+  top = Path(tempfile.mkdtemp(prefix="msgq-svc-", dir="/tmp"))   # pytest's own folders are root's alone
+  top.chmod(0o755)
+  (root := top / "rt").mkdir(mode=0o750)
+  os.chown(root, 65534, 65534)
+  monkeypatch.setenv("MSGQ_RUNTIME_DIR", str(root))
+  with child(_publish_as, 65534, str(root)) as (_, _, up):
+    assert up == "up"
+    modes = [stat.S_IMODE(os.stat(d).st_mode) for d in (root, root / "svc")]   # as the service made them
+    monkeypatch.setenv("OPENPILOT_PREFIX", "svc")
+    sub = msgq.sub_sock("ep", timeout=2000)
+    assert sub.receive() == b"from the service"
+    sub.close()
+  assert [stat.S_IMODE(os.stat(d).st_mode) for d in (root, root / "svc")] == modes and os.stat(root / "svc").st_uid == 65534
+  monkeypatch.setenv("OPENPILOT_PREFIX", "none")
+  with pytest.raises(msgq.IpcError, match=f"no stack runs in {root / 'none'}"): msgq.runtime_dir()
+  assert sorted(p.name for p in root.iterdir()) == ["svc"]
+  shutil.rmtree(top)
 
 def test_bad_endpoint_names():
   for bad in ("", "a/b", "x" * 200):
