@@ -14,6 +14,7 @@ from modeld_service import Stats, add_log_level, StopFlag, Watchdog, notify, set
 from modeld_service.extras import needs_extra
 from cereal import messaging
 from cereal.services import CAMERAS, SERVICES
+from msgq import runtime_dir
 from msgq.visionipc import VisionIpcClient
 with needs_extra("modeld-record", "tools"):   # zstandard for the logs, PyAV for the video
   from oproute.logreader import message_length
@@ -22,6 +23,7 @@ with needs_extra("modeld-record", "tools"):   # zstandard for the logs, PyAV for
 
 log = logging.getLogger("modeld-record")
 CLOSE_GRACE_S = 5.   # a segment stays open this long at most for its cameras' last EncodeIdx events
+CAMERA_WAIT_NOTE_S = 2.   # a camera not reached by then is said to be waited for (no camerad, another prefix)
 
 class Segments:
   """The segment in force: a new one every `seconds` since the start."""
@@ -109,7 +111,7 @@ def record(services: list[str], path: Path, segment_seconds: float, flush_second
   route.open_segment(0)
   recorders = [CameraRecorder(c, server, route, segments, indexes, lossless, cam_stop) for c in cameras]
   for r in recorders: r.start()
-  connected = set()
+  connected, waited, t_start = set(), set(), time.monotonic()
   stats, watchdog = Stats(log, interval=stats_interval, rate_key="messages"), Watchdog()
   t_end, last_flush, closing = None if seconds is None else time.monotonic() + seconds, time.monotonic(), {}
   def write(seg: int, svc: str, dat: bytes) -> None:
@@ -142,6 +144,9 @@ def record(services: list[str], path: Path, segment_seconds: float, flush_second
           connected.add(r.camera)
           stats.count("video_connected")
           log.info("%s video: connected to %r", r.camera, server)
+        elif r.camera not in connected | waited and time.monotonic() - t_start > CAMERA_WAIT_NOTE_S:   # said once, not per turn
+          waited.add(r.camera)
+          log.info("%s video: waiting for camera server %r (in %s)", r.camera, server, runtime_dir())
         for key, n in (("video_behind", r.behind), ("video_torn", r.torn), ("video_out_of_order", r.out_of_order)):   # the thread's counts, into the stats
           if (new := n - stats.totals.get(k := f"{r.camera}_{key}", 0)) > 0: stats.count(k, new)
       if segments.update():
