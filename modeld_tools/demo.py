@@ -245,7 +245,8 @@ def summary(mon: Monitor, seconds: float) -> list[str]:
     f"summary ({seconds:.1f} s of outputs)",
     f"  frames        camera {c['roadCameraState']} ({hz(c['roadCameraState'])}), modelV2 {c['modelV2']} ({hz(c['modelV2'])}), "
     f"driverStateV2 {c['driverStateV2']} ({hz(c['driverStateV2'])}), driverMonitoringState {c['driverMonitoringState']}",
-    f"  drops         camera frames without modelV2 {mon.skipped}, frameDropPerc mean {_f(s['drop_perc'].mean(), '.1f')} % "
+    f"  drops         camera frames without modelV2 from its first on {mon.skipped} (before it: modeld's start-up), "
+    f"frameDropPerc mean {_f(s['drop_perc'].mean(), '.1f')} % "
     f"max {_f(s['drop_perc'].max(), '.1f')} %",
     f"  lane lines    ego left/right |error| over 10-50 m: mean {_f(s['lane'].mean(), '.3f')} m, worst {_f(s['lane'].max(), '.3f')} m "
     f"({len(s['lane'])} frames)",
