@@ -35,8 +35,10 @@ environment: NOTIFY_SOCKET, WATCHDOG_USEC (service-manager protocol: READY=1 aft
 WATCHDOG=1 from the frame loop, STATUS=<stats>, and STATUS=stopped with the final totals at exit); OPENPILOT_PREFIX
 (message prefix, as --prefix); DEV (tinygrad device, as --device); JOURNAL_STREAM (set by systemd: log lines carry
 syslog priorities). SIGTERM/SIGINT: finish the frame, exit 0.
-exit codes: 0 stopped by a signal; 78 the artifact cannot serve this machine or camera (checked before waiting for a
-camera), or its model's outputs could not be parsed for {MAX_BAD_OUTPUTS} frames in a row (the message says what to build).""")
+exit codes: 0 stopped by a signal; 1 another {prog} publishes on this prefix already; 2 bad options; 78 the artifact
+cannot serve this machine or camera (checked before waiting for a camera; a tinygrad device that cannot be opened
+included), or its model's outputs could not be parsed for {MAX_BAD_OUTPUTS} frames in a row (the message says what to
+build).""")
   ap.add_argument('--artifacts', required=True, metavar='DIR', help="artifact directory built by modeld-compile (its "
                   f"{'road' if prog == 'modeld' else 'dm'}/ subdirectory is used)")
   ap.add_argument('--device', help="tinygrad device the artifact was built for (default: $DEV, else tinygrad's default); e.g. CPU")

@@ -274,6 +274,7 @@ CACHEDB=path moves tinygrad's compile cache.""".format(contracts=', '.join(sorte
   try: layouts = list(dict.fromkeys(NV12Layout.parse(c) for c in args.camera))   # a layout given twice is built once
   except ValueError as e: ap.error(str(e))
   if args.beam < 0: ap.error(f"--beam: expected N >= 0, got {args.beam}")
+  if args.out.exists() and not args.out.is_dir(): ap.error(f"--out {args.out}: expected a folder for the artifacts, found a file")
   if args.reference and (args.vision_onnx or args.policy_onnx or args.dm_onnx): ap.error("--reference replaces the ONNX files: give one or the other")
   if bool(args.vision_onnx) != bool(args.policy_onnx): ap.error("the road model needs both --vision-onnx and --policy-onnx")
   if not (args.reference or args.vision_onnx or args.dm_onnx): ap.error("nothing to build: give ONNX models or --reference")
