@@ -282,7 +282,8 @@ class SubSocket:
     path = _ipc_path(endpoint)
     s.connect(("ipc://" + path) if local else f"tcp://{address}:{tcp_port(endpoint)}")
     self.sock = s
-    if local and wait > 0 and _publisher_alive(path): self.confirmed = _wait_live(s, wait)
+    # the publisher's answer counts from our uid, or the uid its socket file belongs to (root reading a service's stack)
+    if local and wait > 0 and _publisher_alive(path): self.confirmed = _wait_live(s, wait, {os.getuid(), _owner(path)} - {None})
 
   def _recv(self, timeout: int = 0) -> bytes | None:
     """The next message, skipping refused ones; waits up to timeout ms (0: not at all, -1: forever).
@@ -316,10 +317,10 @@ class SubSocket:
   def __exit__(self, *exc) -> None: self.close()
   def __del__(self): self.close()
 
-def _wait_live(sock: zmq.Socket, wait: float) -> bool:
+def _wait_live(sock: zmq.Socket, wait: float, uids: set[int]) -> bool:
   """Subscribe `sock` (connected, subscribed to everything) to a fresh token and wait up to `wait` s for its publisher to
   say that the subscription is live. True if it did. Abstract socket names are open to every user (and listed in
-  /proc/net/unix): only a datagram the kernel says our own uid sent counts, as only we can reach our ipc sockets."""
+  /proc/net/unix): only a datagram the kernel says one of `uids` sent counts (ours, the publisher's socket file's)."""
   token, deadline = os.urandom(16).hex().encode(), time.monotonic() + wait
   with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as told:
     told.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)   # every datagram arrives with its sender's credentials
@@ -327,7 +328,7 @@ def _wait_live(sock: zmq.Socket, wait: float) -> bool:
     sock.setsockopt(zmq.SUBSCRIBE, LIVE_TOPIC + token)
     try:
       while select.select([told], [], [], max(0., deadline - time.monotonic()))[0]:
-        if _sender_uid(told) == os.getuid(): return True
+        if _sender_uid(told) in uids: return True
       return False
     finally: sock.setsockopt(zmq.UNSUBSCRIBE, LIVE_TOPIC + token)   # done: a restarted publisher need not hear it again
 
