@@ -286,8 +286,9 @@ CACHEDB=path moves tinygrad's compile cache.""".format(contracts=', '.join(sorte
   stop = []
   def stopped(signum, _frame):   # SIGTERM as Ctrl-C: the build's temporary folder goes, the artifact stays as it was
     stop.append(signum)
+    for sig in (signal.SIGINT, signal.SIGTERM): signal.signal(sig, signal.SIG_IGN)   # once: nothing cuts the clean-up short
     raise KeyboardInterrupt
-  signal.signal(signal.SIGTERM, stopped)
+  for sig in (signal.SIGINT, signal.SIGTERM): signal.signal(sig, stopped)
   try:
     for family in families:
       if args.reference:
