@@ -45,7 +45,8 @@ class Model:
   inputs: dict[str, Input]   # in call order
   heads: dict[str, Head]     # in the order of the release's output vector
   width: int | None = None   # the output vector's width; None: any that holds the slices
-  open: bool = False         # slices the contract does not name are allowed (not parsed)
+  open: bool = False         # slices the contract does not name are allowed (not parsed); 'pad', openpilot's name for an
+                             # output's unused tail, always is
 
   @property
   def heads_width(self) -> int: return sum(h.width for h in self.heads.values())
@@ -158,7 +159,7 @@ def mismatches(want: Model, got: ModelIO) -> list[str]:
   for k, h in want.heads.items():
     if (s := got.output_slices.get(k)) is None: out.append(f"output slice {k!r}: missing (expected width {h.width})")
     elif s.stop - s.start != h.width: out.append(f"output slice {k!r}: expected width {h.width}, the model has {s.stop - s.start} ({s.start}:{s.stop})")
-  if not want.open: out += [f"output slice {k!r}: not in the contract" for k in sorted(got.output_slices.keys() - want.heads.keys())]
+  if not want.open: out += [f"output slice {k!r}: not in the contract" for k in sorted(got.output_slices.keys() - want.heads.keys() - {'pad'})]
   return out
 
 def identify(family: str, models: dict[str, ModelIO]) -> Contract:

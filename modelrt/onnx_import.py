@@ -42,10 +42,16 @@ def parse_output_slices(b64: str, n_out: int) -> dict[str, slice]:
   except Exception as e: raise OnnxImportError(f"output_slices metadata is not a base64 pickled dict of slices ({e})") from None
   if not isinstance(slices, dict) or not slices or not all(isinstance(k, str) and isinstance(v, slice) for k, v in slices.items()):
     raise OnnxImportError(f"output_slices must be a non-empty {{str: slice}}, got {type(slices).__name__}")
+  def bound(x, default: int) -> int | None:   # None and negative bounds count from the end, as numpy indexes with them
+    return default if x is None else None if not isinstance(x, int) or isinstance(x, bool) else x + n_out if x < 0 else x
+  out = {}
   for k, s in slices.items():
-    if s.step not in (None, 1) or not isinstance(s.start, int) or not isinstance(s.stop, int) or not 0 <= s.start < s.stop <= n_out:
+    # openpilot's exports write such bounds: the policy's unused tail is 'pad': slice(-2, None)
+    start, stop = bound(s.start, 0), bound(s.stop, n_out)
+    if s.step not in (None, 1) or start is None or stop is None or not 0 <= start < stop <= n_out:
       raise OnnxImportError(f"output slice {k!r} = {s} is not a plain range within the model's {n_out} outputs")
-  return slices
+    out[k] = slice(start, stop)
+  return out
 
 def _ends_in_reduce(u: UOp) -> bool:
   """Whether u's kernel, as the scheduler would fuse it, has a reduction (a Conv or Gemm output, bias and

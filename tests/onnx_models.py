@@ -65,6 +65,7 @@ def _layout(model: Model, known: dict[str, np.ndarray], widths: dict[str, int], 
   slices, start = {}, 0
   for k, a in parts.items(): slices[k], start = slice(start, start + a.size), start + a.size
   spare = model.width - sum(h.width for h in model.heads.values()) if model.width else extra   # entries after the slices
+  if model.width and spare: slices['pad'] = slice(start, start + spare)   # as the release's policy names its last 2 entries
   return slices, np.concatenate([*parts.values(), np.zeros(spare, np.float32)])
 
 _rng = np.random.default_rng(1211)
@@ -87,7 +88,9 @@ def _save(path, nodes, inputs: dict, bias: np.ndarray, weights: dict, output_sli
   graph = helper.make_graph([*nodes, helper.make_node('Add', ['taps', 'bias'], ['outputs'])], 'release_io', ins, [out],
                             [numpy_helper.from_array(w, k) for k, w in weights.items()])
   model = helper.make_model(graph, opset_imports=[helper.make_opsetid('', OPSET)], ir_version=8)
-  if output_slices is not None: model.metadata_props.add(key='output_slices', value=encode_slices(output_slices))
+  if output_slices is not None:   # the release writes its unused tail counted from the end: 'pad': slice(-2, None)
+    pad = {'pad': slice(p.start - bias.size, None)} if (p := output_slices.get('pad')) and p.stop == bias.size else {}
+    model.metadata_props.add(key='output_slices', value=encode_slices({**output_slices, **pad}))
   onnx.checker.check_model(model)
   onnx.save(model, path)
   return pathlib.Path(path)

@@ -22,6 +22,9 @@ def test_onnx_import_reads_the_models_own_metadata(tmp_path, make, kind, width):
   assert '\n' in metadata_props(p)['output_slices']   # MIME base64, as openpilot's files hold it
   md = load_onnx(p, kind)
   assert md.output_slices == SLICES[kind] and md.width == width and len(md.source_sha256) == 64
+  if kind == 'policy':   # the release's metadata counts its unused tail from the end; it is read as the range it names
+    assert pickle.loads(base64.b64decode(metadata_props(p)['output_slices']))['pad'] == slice(-2, None)
+    assert md.output_slices['pad'] == slice(998, 1000)
   assert md.inputs == {'vision': {'img': ((1, 12, 128, 256), 'uint8'), 'big_img': ((1, 12, 128, 256), 'uint8')},
                        'policy': {'features_buffer': ((1, 25, 512), 'float32'), 'desire_pulse': ((1, 25, 8), 'float32'),
                                   'traffic_convention': ((1, 2), 'float32')},
@@ -32,6 +35,9 @@ def test_onnx_import_reads_the_models_own_metadata(tmp_path, make, kind, width):
   ({'output_slices': {'pose': slice(0, 12), 'hidden_state': slice(1500, 1600)}},
    r"'hidden_state' = slice\(1500, 1600, None\) is not a plain range within the model's 1576 outputs"),
   ({'output_slices': {'pose': slice(0, 12, 2)}}, r"not a plain range"),
+  ({'output_slices': {'pose': slice(0, 12), 'hidden_state': slice(-1600, None)}}, r"'hidden_state' = slice\(-1600, None, None\) is not a plain range"),
+  ({'output_slices': {'pose': slice(12, 12)}}, r"'pose' = slice\(12, 12, None\) is not a plain range"),
+  ({'output_slices': {'pose': slice(0.0, 12)}}, r"'pose' = slice\(0.0, 12, None\) is not a plain range"),
 ])
 def test_onnx_import_refuses(tmp_path, kw, msg):
   with pytest.raises(OnnxImportError, match=msg): load_onnx(vision_onnx(tmp_path / 'v.onnx', **kw), 'vision')
