@@ -1,5 +1,5 @@
 """cereal: schema, services table, log_from_bytes limits, PubMaster/SubMaster with real publisher processes."""
-import gc, hashlib, logging, os, time
+import gc, hashlib, os, time
 import capnp
 import numpy as np
 import pytest
@@ -210,8 +210,7 @@ def test_recv_helpers_and_pubmaster_send_builder_or_bytes():
   with pytest.raises(ValueError, match="max_size"): pm.send("carState", b"\x00" * (SERVICES["carState"].max_size + 8))
   pm.close(); sock.close()
 
-def test_submaster_drops_malformed_messages_and_never_raises(caplog):
-  caplog.set_level(logging.WARNING, logger="cereal.messaging")
+def test_submaster_drops_malformed_messages_and_never_raises():
   sm = messaging.SubMaster(["carState"])
   with child(_publisher, "carState") as (_, conn, _):   # a raw publisher on the service's endpoint
     assert ask_updating(conn, ("readers", 5.0), sm)
@@ -226,7 +225,6 @@ def test_submaster_drops_malformed_messages_and_never_raises(caplog):
     assert ask(conn, ("send", [good])) == "sent"
     update_until(sm, lambda: sm.updated["carState"])
     assert sm["carState"].vEgo == 7.0 and sm.malformed["carState"] == len(bad)
-  assert sum("dropped malformed message on carState" in r.getMessage() for r in caplog.records) == len(bad)
   sm.close()
 
 def test_largest_service_message_goes_through_and_larger_ones_are_refused():

@@ -19,6 +19,8 @@ class VisionIpcClient:
     self.width = self.height = self.stride = self.uv_offset = self.buffer_len = self.num_buffers = 0
     self.frame_id = self.timestamp_sof = self.timestamp_eof = 0
     self.bad_packets = 0   # garbage or truncated packets seen (and ignored) on the stream's topic
+    self.reconnects = 0    # frames from another server, or naming a buffer it does not have: each disconnects
+    self.connect_error: str | None = None   # why the last connect() that reached a server failed
     self.layout: NV12Layout | None = None
     self._ring: Ring | None = None
     self._old_ids: set[int] = set()
@@ -41,18 +43,20 @@ class VisionIpcClient:
         time.sleep(0.02)
     try:
       if "error" in reply:
-        log.warning("VisionIPC %r stream %d: %s", self.name, self.stream, reply["error"])
+        self.connect_error = str(reply["error"])
+        log.warning("VisionIPC %r stream %d: %s", self.name, self.stream, self.connect_error)
         return False
       if len(fds) != 1 or reply["stream"] != self.stream:
         raise IpcError(f"expected stream {self.stream} and 1 buffer fd, got stream {reply['stream']} and {len(fds)} fds")
       layout, server_id = NV12Layout.parse(reply["layout"]), int(reply["server_id"])
       self._ring = Ring(fds[0], layout, [int(o) for o in reply["offsets"]], int(reply["trailer_offset"]), writable=False)
     except (IpcError, OSError, ValueError, KeyError, TypeError) as e:
-      log.warning("VisionIPC %r stream %d: bad handshake reply (%s)", self.name, self.stream, e)
+      self.connect_error = f"bad handshake reply ({e})"
+      log.warning("VisionIPC %r stream %d: %s", self.name, self.stream, self.connect_error)
       return False
     finally:
       for fd in fds: os.close(fd)   # the mapping keeps the memory alive
-    self.server_id = server_id
+    self.server_id, self.connect_error = server_id, None
     self._old_ids.discard(self.server_id)
     self.layout, self.num_buffers = layout, self._ring.count
     self.width, self.height, self.stride, self.uv_offset, self.buffer_len = layout.width, layout.height, layout.stride, layout.uv_offset, layout.size
@@ -76,6 +80,7 @@ class VisionIpcClient:
     if server_id != self.server_id or idx >= self.num_buffers:
       log.warning("VisionIPC %r stream %d: frame %d from server %#x idx %d, connected to %#x with %d buffers: reconnecting",
                   self.name, self.stream, frame_id, server_id, idx, self.server_id, self.num_buffers)
+      self.reconnects += 1
       self._disconnect()
       return None
     self.frame_id, self.timestamp_sof, self.timestamp_eof = frame_id, sof, eof
