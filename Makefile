@@ -13,7 +13,8 @@ demo: setup
 	.venv/bin/modeld-demo
 
 bench: setup
-	for b in $$(grep -l "__main__" bench/*.py); do $(PY) $$b || exit 1; done   # bench/routes.py is shared code, not a benchmark
+	failed=""; for b in $$(grep -l "__main__" bench/*.py); do $(PY) $$b || failed="$$failed $$b"; done; \
+	  if [ -n "$$failed" ]; then echo "failed:$$failed"; exit 1; fi   # each runs even if one before it failed; bench/routes.py is shared code
 
 # the fault battery's long runs (docs/RELIABILITY.md): 10 minutes, then a table; make soak SOAK_ARGS="--minutes 3"
 soak: setup
