@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from modelrt.constants import X_IDXS, DM_WIDTH, DM_HEIGHT
 from modelrt.calibration import DEFAULT_SENSOR
-from modelrt.geometry import CameraConfig, camera_config, dm_warp_matrix
+from modelrt.geometry import CAM_HEIGHT, CameraConfig, camera_config, dm_warp_matrix
 
 SCENES_DIR = Path(__file__).parent / 'scenes'
 CAMERAS = ('road', 'wide', 'driver')
@@ -149,7 +149,7 @@ FACE = {'present': ('flag', True), 'x': ('track', None), 'y': ('track', 0.45), '
 PHONE = {'present': ('flag', False), 'dx': (float, 0.65), 'dy': (float, 0.05), 'width': (float, 0.25), 'height': (float, 0.45)}
 DRIVER = {'wheel': (('left', 'right'), 'left'), 'face': (FACE, {}), 'eyes_closed': ('flag', False), 'phone': (PHONE, {})}
 SCENE = {'name': (str, ''), 'description': (str, ''), 'sensor': (str, DEFAULT_SENSOR), 'intrinsics': ('intrinsics', {}),
-         'height': (float, 1.22), 'calib': ('rpy', (0.0, 0.0, 0.0)), 'fps': (float, 20.0), 'duration': (float, None),
+         'height': (float, CAM_HEIGHT), 'calib': ('rpy', (0.0, 0.0, 0.0)), 'fps': (float, 20.0), 'duration': (float, None),
          'frames': (int, None), 'seed': (int, 0), 'road': (ROAD, {}), 'lead': (LEAD, None), 'lighting': (LIGHTING, {}),
          'driver': (DRIVER, {})}
 

@@ -23,10 +23,9 @@ with needs_extra('modeld-overlay', 'tools'):
 from cereal.services import CAMERAS
 from modelrt.constants import DM_HEIGHT, DM_WIDTH, X_IDXS
 from modelrt.calibration import DEFAULT_SENSOR, camera_for, sensor_name
-from modelrt.geometry import CameraConfig, camera_config, camera_from_calib, dm_warp_matrix
+from modelrt.geometry import CAM_HEIGHT, CameraConfig, camera_config, camera_from_calib, dm_warp_matrix
 from msgq.visionipc.layout import NV12Layout
 
-CAM_HEIGHT = 1.22          # m, when no liveCalibration.height was seen
 CAR_HALF_WIDTH = 0.9       # m: the path is drawn as wide as a car, the lead box too
 LEAD_HEIGHT = 1.5          # m
 LEAD_MIN_PROB = 0.3        # leads drawn from this probability on (their panel line always shows)

@@ -38,6 +38,8 @@ def camera_config(sensor: str, camera: str) -> CameraConfig:
   if camera not in SENSORS[sensor]: raise KeyError(f"unknown camera {camera!r} for sensor {sensor!r}, known: {', '.join(SENSORS[sensor])}")
   return SENSORS[sensor][camera]
 
+CAM_HEIGHT = 1.22   # m, a typical camera height above the road: the scenes' default, the reference model's and the overlay's
+                    # assumption when no liveCalibration height is known
 VIEW_FROM_DEVICE = np.array([[0, 1, 0], [0, 0, 1], [1, 0, 0]], dtype=np.float64)
 
 def _intrinsics(fl: float, cx: float, cy: float) -> np.ndarray: return np.array([[fl, 0, cx], [0, fl, cy], [0, 0, 1]], dtype=np.float64)

@@ -26,11 +26,10 @@ import numpy as np
 from tinygrad import Tensor, dtypes
 from modelrt.constants import IDX_N, X_IDXS, T_IDXS, LEAD_T_IDXS, LEAD_T_OFFSETS, MODEL_WIDTH, MODEL_HEIGHT, FRAME_SKIP, MODEL_RUN_FREQ
 from modelrt.contracts import ROAD_V0_11_1 as CONTRACT
-from modelrt.geometry import MEDMODEL_INTRINSICS
+from modelrt.geometry import CAM_HEIGHT, MEDMODEL_INTRINSICS
 from modelrt.modeldef import ModelDef
 
 FL, CX, CY = float(MEDMODEL_INTRINSICS[0, 0]), float(MEDMODEL_INTRINSICS[0, 2]), float(MEDMODEL_INTRINSICS[1, 2])
-CAM_HEIGHT = 1.22                    # assumed camera height above a flat road (m)
 FRAME_DT = FRAME_SKIP / MODEL_RUN_FREQ   # 0.2 s between the two frames of img
 V0 = 52                              # first row used (x = 253 m); rows above are sky
 XS = 50.0                            # fit basis x/XS keeps the normal equations well conditioned in float32
