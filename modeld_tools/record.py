@@ -17,9 +17,9 @@ from cereal.services import CAMERAS, SERVICES
 from msgq import runtime_dir
 from msgq.visionipc import VisionIpcClient
 with needs_extra("modeld-record", "tools"):   # zstandard for the logs, PyAV for the video
-  from oproute.logreader import message_length
+  from oproute.logreader import message_length, segment_dirs
   from oproute.video import HevcWriter, picture
-  from oproute.writer import RouteWriter
+  from oproute.writer import RouteWriter, unfinished
 
 log = logging.getLogger("modeld-record")
 CLOSE_GRACE_S = 5.   # a segment stays open this long at most for its cameras' last EncodeIdx events
@@ -216,8 +216,14 @@ def main(argv: list[str] | None = None) -> int:
     counts = record(args.services or logged, path, args.segment_seconds, args.flush_seconds, stop, args.seconds, cameras,
                     args.camerad_name, args.lossless, args.stats_interval)
   except (OSError, RuntimeError) as e:
-    full = getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
-    log.error("%s%s", e, ": recording stopped; the segments before the last are complete" if full else "")
+    if getattr(e, "errno", None) not in (errno.ENOSPC, errno.EDQUOT):
+      log.error("%s", e)
+      return 1
+    # which segments the full disk left unfinished, from the files: a log that could not be finalized is not one whole
+    # frame (a segment closing as the disk filled is one of them, not only the last)
+    left = [d.name for d in segment_dirs(path) if any(unfinished(f) for f in (d / "rlog.zst", d / "qlog.zst") if f.exists())]
+    log.error("%s: recording stopped; %s", e, f"{', '.join(left)} unfinished (each reads up to where the disk filled), the other "
+              "segments complete" if left else "every segment complete")
     return 1
   log.info("recorded %d messages to %s (%s)", sum(counts.values()), path, ", ".join(f"{s} {n}" for s, n in counts.items() if n) or "nothing")
   return 0

