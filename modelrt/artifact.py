@@ -266,15 +266,16 @@ def load_artifact(path: str | os.PathLike, family: str, device: str | None = Non
   art = read_manifest(path, family)
   d, m, bad = art.dir, art.manifest, _complaint(art.dir, art.manifest)
   if m['tinygrad'] != (tv := tinygrad_version()): raise bad(f"built with tinygrad {m['tinygrad']}, this is tinygrad {tv}")
+  # every file hashed before the device is opened (picking tinygrad's default device compiles a test program, about a
+  # second): a damaged install fails at once; the model files are hashed again on the very bytes loaded
+  for fn, digest in m['files'].items():
+    if not (d / fn).is_file(): raise bad(f"{fn} is missing")
+    if (got := sha256_file(d / fn)) != digest: raise bad(_altered(fn, digest, got))
   here = target(device or Device.DEFAULT)
   if m['target']['device'] != here['device']: raise bad(f"built for device {m['target']['device']}, this process uses {here['device']}")
   if m['target']['arch'] != here['arch']: raise bad(f"built for {here['device']} arch {m['target']['arch']}, this one is {here['arch']}")
   if missing := sorted(set(m['target']['cpu_features']) - set(here['cpu_features'])):
     raise bad(f"compiled for CPU instruction-set features this machine lacks: {' '.join(missing)}")
-  model_files = {m['jits'][k][f] for k in FAMILY_MODELS[family] for f in ('file', 'weights')}
-  for fn, digest in m['files'].items():
-    if not (d / fn).is_file(): raise bad(f"{fn} is missing")
-    if fn not in model_files and (got := sha256_file(d / fn)) != digest: raise bad(_altered(fn, digest, got))
   art.models = {k: art.load_jit(k) for k in FAMILY_MODELS[family]}
   return art
 
