@@ -141,7 +141,7 @@ class CameraVideo:
 
   def _open(self, seg: int) -> None:
     self.close()
-    self._seg, self._n, self._frames = seg, -1, iter(())
+    self._seg = seg
     path = self.segments.get(seg, Path(f"<segment {seg}>")) / CAMERAS[self.camera].video
     try:
       self._dec = VideoDecoder(path, self.skipped, threads=self.threads)
@@ -172,8 +172,9 @@ class CameraVideo:
     return None
 
   def close(self) -> None:
+    """Close the file being decoded and rewind: a later frame() starts from the route's beginning (a new loop pass)."""
     if self._dec is not None: self._dec.close()
-    self._dec = None
+    self._seg, self._n, self._frames, self._dec = None, -1, iter(()), None
 
 @dataclass
 class EncodedFrame:

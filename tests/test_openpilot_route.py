@@ -195,7 +195,7 @@ def test_modeld_replay_stops_its_stack_on_sigterm_and_passes_camerad_warnings_on
 def test_a_camera_restart_mid_route_serves_each_frame_its_own_picture(scene, tmp_path):
   """A route whose camera restarted in its segment 1 (frame ids 100.. again): each logged frame is served the picture
   recorded for it, not that of the later frame with the same id; a frame the encoder dropped before the restart is
-  skipped, not served a picture of the later run."""
+  skipped, not served a picture of the later run. A second pass (camerad --loop) serves the same again."""
   import numpy as np
   from camerad.render import SceneRenderer
   from camerad.scene import load_scene
@@ -206,12 +206,13 @@ def test_a_camera_restart_mid_route_serves_each_frame_its_own_picture(scene, tmp
   sc = load_scene(str(scene))
   layout = NV12Layout.packed(sc.cameras["road"].width, sc.cameras["road"].height)
   render, src = SceneRenderer(sc, "road", layout), LogSource([str(tmp_path / "route")])
-  served = {}
-  for tick in src.ticks():
-    for fill in tick.frames.values():
-      fill(out := np.zeros(layout.size, np.uint8), layout)
-      served[tick.t] = out
-  assert len(served) == 7 and sum(src.skipped.values()) == 1, src.skipped
-  for n, out in enumerate(out for _, out in sorted(served.items())):
-    n += n >= 2   # the route's frame 2 was dropped
-    assert np.array_equal(out, render.render(n % sc.n_frames)), f"frame {n} got another picture"
+  for loop_pass in (1, 2):   # camerad --loop: each pass serves the route from its start again
+    served = {}
+    for tick in src.ticks():
+      for fill in tick.frames.values():
+        fill(out := np.zeros(layout.size, np.uint8), layout)
+        served[tick.t] = out
+    assert len(served) == 7 and sum(src.skipped.values()) == loop_pass, src.skipped
+    for n, out in enumerate(out for _, out in sorted(served.items())):
+      n += n >= 2   # the route's frame 2 was dropped
+      assert np.array_equal(out, render.render(n % sc.n_frames)), f"pass {loop_pass}: frame {n} got another picture"
