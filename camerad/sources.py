@@ -213,7 +213,7 @@ class LogSource(Source):
       if tick is not None: yield tick
       for t, m in after: yield Tick(-1, t, msgs=[m])
     try:
-      for dat, ev in LogReader(self.files, sort_by_time=True).raw():
+      for dat, ev in LogReader(self.files, sort_by_time=True, log_warnings=False).raw():   # the scan reported what is damaged
         w, t = ev.which(), ev.logMonoTime / 1e9
         if (stream := STREAM_OF_STATE.get(w)) in self.streams:
           st = getattr(ev, w)

@@ -204,10 +204,12 @@ class LogReader:
   'q' qlogs, 'a' rlog else qlog, 'i' as 'a'), overridden per route by an identifier's own (`ROUTE/2:4/q`: segments 2 and
   3, qlogs); `sort_by_time` orders each file's events by logMonoTime; `only_union_types` leaves out events of members
   this schema does not know. Added: `raw()` yields (bytes, event), the bytes exactly as logged; `warnings` lists what
-  could not be read. Routes are local paths: there is no download."""
-  def __init__(self, identifier: str | Path | list, default_mode: str = ReadMode.RLOG, sort_by_time: bool = False, only_union_types: bool = False):
+  could not be read, each also logged unless log_warnings is False (a second read of logs already reported).
+  Routes are local paths: there is no download."""
+  def __init__(self, identifier: str | Path | list, default_mode: str = ReadMode.RLOG, sort_by_time: bool = False, only_union_types: bool = False,
+               log_warnings: bool = True):
     if default_mode not in MODES: raise ValueError(f"default_mode must be one of {', '.join(map(repr, MODES))}, got {default_mode!r}")
-    self.identifier, self.default_mode = identifier, default_mode
+    self.identifier, self.default_mode, self.log_warnings = identifier, default_mode, log_warnings
     self.sort_by_time, self.only_union_types, self.warnings, self._data = sort_by_time, only_union_types, [], None
     self.reset()
 
@@ -238,7 +240,7 @@ class LogReader:
 
   def _warn(self, msg: str) -> None:
     self.warnings.append(msg)
-    logger.warning("%s", msg)
+    if self.log_warnings: logger.warning("%s", msg)
 
   def _events(self, name: str, data: bytes) -> Iterator[tuple[bytes, object]]:
     msgs, rest = split_messages(data)

@@ -176,8 +176,8 @@ def test_modeld_replay_stops_its_stack_on_sigterm_and_passes_camerad_warnings_on
   assert r.returncode == 0 and "modeld-replay: camerad: skipped" in r.stderr and "fcamera.hevc" in r.stderr, r.stdout + r.stderr
   (rlog := tmp_path / "route" / "route--1" / "rlog.zst").write_bytes(rlog.read_bytes()[:-200])   # a log cut short: said once
   r = run("modeld_tools.replay", tmp_path / "route", "--artifacts", tiny_artifacts, "--out", tmp_path / "newer")
-  assert r.returncode == 0 and [l for l in r.stderr.splitlines() if "rlog.zst" in l] == [
-    l for l in r.stderr.splitlines() if l.startswith("modeld-replay: camerad: ") and "rlog.zst: " in l] != [], r.stderr
+  said = [l for l in r.stderr.splitlines() if "rlog.zst" in l]
+  assert r.returncode == 0 and len(said) == 1 and said[0].startswith("modeld-replay: camerad: ") and "rlog.zst: " in said[0], r.stderr
   write_route(tmp_path / "long", scene, ("road", "driver"), segments=1, frames=400)
   p = subprocess.Popen([sys.executable, "-m", "modeld_tools.replay", str(tmp_path / "long"), "--artifacts", str(tiny_artifacts), "--out",
                         str(tmp_path / "cut")], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "DEV": "CPU"})
