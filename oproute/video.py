@@ -64,7 +64,8 @@ class VideoDecoder:
     self.width, self.height = st.codec_context.width, st.codec_context.height
     if self.width <= 0 or self.height <= 0 or self.width % 2 or self.height % 2:
       self.container.close()
-      raise VideoError(f"{path}: video is {self.width}x{self.height}; NV12 buffers need a positive even width and height")
+      raise VideoError(f"{path}: no picture size in it (empty, or cut before its first picture)" if not self.width * self.height else
+                       f"{path}: video is {self.width}x{self.height}; NV12 buffers need a positive even width and height")
     rate = None if self.container.format.name in RAW_FORMATS else st.average_rate or st.guessed_rate or st.base_rate
     self.fps = float(rate) if rate and 0 < float(rate) < 1000 else DEFAULT_FPS
 
@@ -168,7 +169,8 @@ class CameraVideo:
     return self._missing()   # asked for a picture already passed
 
   def _missing(self) -> None:
-    self.skipped[f"{self.camera} frame missing from the video"] += 1
+    where = self.segments[self._seg] / CAMERAS[self.camera].video if self._seg in self.segments else "the video"
+    self.skipped[f"{self.camera} frame missing from {where}"] += 1
     return None
 
   def close(self) -> None:
