@@ -97,7 +97,7 @@ def run_stack(route: list[str], out: Path, artifacts: Path, cameras: list[str], 
 def main(argv: list[str] | None = None) -> int:
   ap = argparse.ArgumentParser(prog="modeld-replay", formatter_class=argparse.RawDescriptionHelpFormatter, description=__doc__, epilog="""
 exit codes: 0 replayed (and, with --tolerance, every field within it and no logged frame missing); 1 past the tolerance,
-or the replay failed (the failing process's log is printed); 2 bad options.
+nothing to compare with --tolerance, or the replay failed (the failing process's log is printed); 2 bad options.
 example: modeld-replay realdata/2026-11-30--04-00-00--3 --artifacts artifacts --tolerance 1e-3""")
   ap.add_argument("route", nargs="+", help="route folder or name, segment folders or log files (what camerad --source takes)")
   ap.add_argument("--artifacts", required=True, type=Path, help="artifact directory built by modeld-compile for the route's cameras")
@@ -167,13 +167,13 @@ example: modeld-replay realdata/2026-11-30--04-00-00--3 --artifacts artifacts --
   if args.tolerance is None: return 0
   missing = {svc: sorted(ref[svc].keys() - new[svc].keys()) for svc in compared if ref[svc]}
   for line in verdict(diffs, missing, args.tolerance): print(f"modeld-replay: {line}", file=sys.stderr)
-  return 1 if any(d.max > args.tolerance for d in diffs) or any(missing.values()) else 0
+  return 1 if not diffs or any(d.max > args.tolerance for d in diffs) or any(missing.values()) else 0
 
 def verdict(diffs: list[FieldDiff], missing: dict[str, list[int]], tolerance: float) -> list[str]:
   """Why a replay fails --tolerance: the fields that differ beyond it, each with its largest difference and frame, and
   apart from them, per service, the logged frames without a replayed output (a field's difference is taken over the
   frames both have, so a missing frame shows in no field's)."""
-  out = []
+  out = [] if diffs else [f"--tolerance {tolerance:g}: nothing to compare, the route logged none of the outputs replayed"]
   if over := [d for d in diffs if d.max > tolerance]:
     out.append(f"past the tolerance {tolerance:g}: " + ", ".join(f"{d.service}.{d.field} (max diff {d.max:.4g} at frame {d.worst[0][1]})" for d in over))
   for svc, fids in missing.items():

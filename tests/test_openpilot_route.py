@@ -74,15 +74,17 @@ def test_messages_keep_their_recorded_times(scene, tmp_path):
 
 def test_modeld_replay_compares_with_logged_outputs(tiny_artifacts, scene, tmp_path):
   """modeld-replay on a route without outputs (three cameras; given as its two segment folders) reports nothing to
-  compare; on the same route with those outputs logged (as a car's daemons would have) it finds them again exactly;
+  compare, which fails --tolerance; on the same route with those outputs logged (as a car's daemons would have) it finds them again exactly;
   with one logged value moved, a NaN in another and a logged frame the replay has no output for, it exits 1 naming
   the fields past the tolerance with their largest difference and its frame, and apart from them the missing frame."""
   from oproute import LogReader
   from tests import openpilot_ref as op
   cams = ("road", "wide", "driver")
   write_route(tmp_path / "plain", scene, cams)
-  r = run("modeld_tools.replay", tmp_path / "plain" / "plain--0", tmp_path / "plain" / "plain--1", "--artifacts", tiny_artifacts, "--out", tmp_path / "first")
-  assert r.returncode == 0 and "replayed road, driver, wide of" in r.stdout and "the route logged no modelV2: 20 new ones" in r.stdout, r.stdout + r.stderr
+  r = run("modeld_tools.replay", tmp_path / "plain" / "plain--0", tmp_path / "plain" / "plain--1", "--artifacts", tiny_artifacts, "--out", tmp_path / "first",
+          "--tolerance", "0")   # which nothing can meet: nothing to compare fails it
+  assert r.returncode == 1 and "replayed road, driver, wide of" in r.stdout and "the route logged no modelV2: 20 new ones" in r.stdout, r.stdout + r.stderr
+  assert "modeld-replay: --tolerance 0: nothing to compare, the route logged none of the outputs replayed" in r.stderr.splitlines(), r.stderr
   logged = {}
   for dat, ev in LogReader(tmp_path / "first").raw():
     if ev.which() in ("modelV2", "driverStateV2"): logged[(ev.which(), getattr(ev, ev.which()).frameId)] = dat
@@ -117,7 +119,7 @@ def test_modeld_replay_compares_with_logged_outputs(tiny_artifacts, scene, tmp_p
 def test_modeld_replay_of_a_route_without_driver_video(tiny_artifacts, scene, tmp_path):
   """openpilot logs the driver camera's states and driverEncodeIdx without dcamera.hevc unless RecordFront is on:
   modeld-replay replays the road camera alone (no dmonitoringd, no driverStateV2 in the new route) and compares
-  modelV2 only, saying why driverStateV2 is not compared, so the logged driverStateV2 do not fail the tolerance."""
+  modelV2 only, saying why driverStateV2 is not compared, so the logged driverStateV2 are not counted as missing."""
   from oproute import LogReader
   from tests import openpilot_ref as op
   def driver_state(fid: int, t: int) -> list:
@@ -125,7 +127,9 @@ def test_modeld_replay_of_a_route_without_driver_video(tiny_artifacts, scene, tm
   write_route(tmp_path / "route", scene, ("road", "driver"), segments=1, frames=5, extra=driver_state)
   (tmp_path / "route" / "route--0" / "dcamera.hevc").unlink()
   r = run("modeld_tools.replay", tmp_path / "route", "--artifacts", tiny_artifacts, "--out", tmp_path / "new", "--tolerance", "0")
-  assert r.returncode == 0, r.stdout + r.stderr
+  # the route logged no modelV2 either: nothing to compare fails the tolerance, and that is all it says
+  assert r.returncode == 1 and [l for l in r.stderr.splitlines() if not l.startswith("modeld-replay: camerad: ")] == [
+    "modeld-replay: --tolerance 0: nothing to compare, the route logged none of the outputs replayed"], r.stdout + r.stderr
   assert "replayed road of" in r.stdout and "driverStateV2 not compared, no camera it answers was replayed (driver: no dcamera.hevc" in r.stdout, r.stdout
   new = [ev.which() for ev in LogReader(tmp_path / "new")]
   assert new.count("modelV2") == 5 and "driverStateV2" not in new and "driverCameraState" in new, sorted(set(new))
