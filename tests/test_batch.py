@@ -65,12 +65,13 @@ def messages(route: Path) -> dict[str, list]:
   return out
 
 @pytest.fixture(scope="module")
-def gap_routes(scene, tmp_path_factory) -> dict[str, Path]:
-  """Routes with missing frames. gaps: road and driver, two segments; the road camera's frame 102 dropped by the
-  encoder; segment 1 starts before its first calibration (frames 108-109: modelV2 invalid, driverStateV2 valid) and a
-  broken one follows frame 110 (111-114: both invalid until the next good one). wide: road, wide road and driver, one
-  segment; frame 503 dropped on every camera, 506 on the wide one only (its road frame cannot run alone)."""
-  d = tmp_path_factory.mktemp("gaps")
+def lockstep_routes(scene, tmp_path_factory) -> Path:
+  """Three routes, two with missing frames. gaps: road and driver, two segments; the road camera's frame 102 dropped
+  by the encoder; segment 1 starts before its first calibration (frames 108-109: modelV2 invalid, driverStateV2 valid)
+  and a broken one follows frame 110 (111-114: both invalid until the next good one). wide: road, wide road and
+  driver, one segment; frame 503 dropped on every camera, 506 on the wide one only (its road frame cannot run alone).
+  whole: road and driver, one segment, nothing missing."""
+  d = tmp_path_factory.mktemp("lockstep")
   def broken_calibration(fid: int, t: int) -> list:
     if fid != 110: return []
     cal = event("liveCalibration", t, calPerc=100, rpyCalib=[9., 0., 0.])
@@ -79,59 +80,58 @@ def gap_routes(scene, tmp_path_factory) -> dict[str, Path]:
   write_route(d / "gaps", scene, segments=2, frames=FRAMES, first_frame_id=100, missing={("road", 102)}, extra=broken_calibration)
   write_route(d / "wide", scene, cameras=("road", "wide", "driver"), segments=1, frames=FRAMES, first_frame_id=500,
               missing={*((c, 503) for c in STATES), ("wide", 506)})
-  return {"gaps": d / "gaps", "wide": d / "wide"}
+  write_route(d / "whole", scene, segments=1, frames=FRAMES, first_frame_id=700)
+  return d
 
-# route: (layouts the artifacts are built for, camerad's --layout, summary, {segment: {camera: frames served}})
+# route: (summary, {segment: {camera: frames served}})
 LOCKSTEP = {
-  "gaps": ((), "packed", dict(segments=2, done=2, frames=2 * FRAMES, invalid=6, bad_output=0, lost=1,
-                              lost_why={"road: frame 102 has no roadEncodeIdx": 1}),
+  "gaps": (dict(segments=2, done=2, frames=2 * FRAMES, invalid=6, bad_output=0, lost=1, lost_why={"road: frame 102 has no roadEncodeIdx": 1}),
            {"gaps--0": {"road": FRAMES - 1, "driver": FRAMES}, "gaps--1": {"road": FRAMES, "driver": FRAMES}}),
-  "wide": ((ALT_LAYOUT,), "aligned", dict(segments=1, done=1, frames=FRAMES - 1, invalid=0, bad_output=0, lost=5,
-                                          lost_why={**{f"{c}: frame 503 has no {c.replace('wide', 'wideRoad')}EncodeIdx": 1 for c in STATES},
-                                                    "wide: frame 506 has no wideRoadEncodeIdx": 1,
-                                                    "road: frame without its wide frame (lockstep serves them together)": 1}),
+  "wide": (dict(segments=1, done=1, frames=FRAMES - 1, invalid=0, bad_output=0, lost=5,
+                lost_why={**{f"{c}: frame 503 has no {c.replace('wide', 'wideRoad')}EncodeIdx": 1 for c in STATES},
+                          "wide: frame 506 has no wideRoadEncodeIdx": 1, "road: frame without its wide frame (lockstep serves them together)": 1}),
            {"wide--0": {"road": FRAMES - 2, "wide": FRAMES - 2, "driver": FRAMES - 1}}),
+  "whole": (dict(segments=1, done=1, frames=FRAMES, invalid=0, bad_output=0, lost=0, lost_why={}), {"whole--0": {"road": FRAMES, "driver": FRAMES}}),
 }
 
-@pytest.mark.parametrize("route", LOCKSTEP)
-def test_batch_equals_the_daemons_in_lockstep(route, gap_routes, tiny_artifacts, tmp_path):
-  """Every segment's outputs (modelV2, drivingModelData, cameraOdometry, driverStateV2, driverMonitoringState) and
-  input camera states equal those of the live daemons fed the same segment by camerad --lockstep: the same messages,
-  valid flags and frame ids, every field bit for bit but the execution times (each segment starts fresh in both). The
-  routes miss frames: frame ids go on consecutively after a gap, as camerad's lockstep numbers them. gaps runs on two
-  workers with artifacts of both layouts (the batch takes packed, camerad's default); wide with artifacts built for
-  aligned buffers only (the batch takes aligned; camerad is given --layout aligned). The summary counts frames,
-  invalid frames (not outputs), lost frames with their reasons."""
-  built_for, layout, summary, served = LOCKSTEP[route]
-  arts = build(CACHE.parent / "tiny-aligned", layouts=built_for, models="tiny") if built_for else tiny_artifacts
-  r = batch(gap_routes[route], "--artifacts", arts, "--out", tmp_path / "out", "--workers", 2)
+def test_batch_equals_the_daemons_in_lockstep(lockstep_routes, tmp_path):
+  """One batch over three routes on two workers: every segment's outputs (modelV2, drivingModelData, cameraOdometry,
+  driverStateV2, driverMonitoringState) and input camera states equal those of the live daemons fed the same segment
+  by camerad --lockstep: the same messages, valid flags and frame ids, every field bit for bit but the execution times
+  (each segment starts fresh in both). The routes miss frames: frame ids go on consecutively after a gap, as camerad's
+  lockstep numbers them. The artifacts are built for aligned buffers only, not camerad's default: the batch takes the
+  artifacts' layout (camerad is given --layout aligned). The summary counts, per route, frames, invalid frames (not
+  outputs), lost frames with their reasons."""
+  arts = build(CACHE.parent / "tiny-aligned", layouts=(ALT_LAYOUT,), models="tiny")
+  r = batch(*(lockstep_routes / name for name in LOCKSTEP), "--artifacts", arts, "--out", tmp_path / "out", "--workers", 2)
   assert r.returncode == 0, r.stderr
-  (s,) = json.loads((tmp_path / "out" / "summary.json").read_text())["routes"]
-  assert {k: s[k] for k in summary} == summary and s["errors"] == [], s
-  assert "bad out" in r.stdout and "wall time" in r.stdout and f"lost 1: {next(iter(summary['lost_why']))}" in r.stdout, r.stdout
-  for seg in sorted(gap_routes[route].iterdir()):
-    counts = {**{STATES[c]: n for c, n in served[seg.name].items()}, **dict.fromkeys(ROAD_OUT, served[seg.name]["road"]),
-              **dict.fromkeys(DRIVER_OUT, served[seg.name]["driver"])}
-    # daemons started for the segment, as the batch starts each one: a running daemon would keep the last one's
-    # calibration and messages across camerad's restart
-    daemons, notify, col = [Daemon(m, arts) for m in ("modeld", "dmonitoringd")], Notify(), Collector([*ROAD_OUT, *DRIVER_OUT])
-    try:
-      rec = subprocess.Popen([sys.executable, "-m", "modeld_tools.record", "--route", tmp_path / "live" / seg.name, "--stats-interval", "0"],
-                             cwd=REPO, env={**os.environ, "NOTIFY_SOCKET": notify.addr})
-      notify.wait("READY=1", 20)
-      lockstep(seg, col, "--layout", layout)
-      for svc, n in counts.items(): notify.wait_count(svc, n)   # recorded: a stop now loses nothing
-      rec.send_signal(signal.SIGTERM)
-      assert rec.wait(20) == 0
-    finally:
-      for d in daemons: d.stop()
-      col.close()
-      notify.close()
-    live, out = messages(tmp_path / "live" / seg.name), messages(tmp_path / "out" / route / seg.name)
-    assert {svc: len(m) for svc, m in out.items() if m} == counts, seg.name
-    ids = [m["frameId"] for _, m in out["modelV2"]]
-    assert ids == list(range(ids[0], ids[0] + len(ids))), (seg.name, ids)   # consecutive across the gap, as lockstep serves them
-    for svc in out: assert live[svc] == out[svc], f"{seg.name} {svc}"
+  summary = {s["route"]: s for s in json.loads((tmp_path / "out" / "summary.json").read_text())["routes"]}
+  for route, (want, _) in LOCKSTEP.items(): assert {k: summary[route][k] for k in want} == want and summary[route]["errors"] == [], summary[route]
+  assert "bad out" in r.stdout and "wall time" in r.stdout and "lost 1: road: frame 102 has no roadEncodeIdx" in r.stdout, r.stdout
+  for route, (_, served) in LOCKSTEP.items():
+    for seg in sorted((lockstep_routes / route).iterdir()):
+      counts = {**{STATES[c]: n for c, n in served[seg.name].items()}, **dict.fromkeys(ROAD_OUT, served[seg.name]["road"]),
+                **dict.fromkeys(DRIVER_OUT, served[seg.name]["driver"])}
+      # daemons started for the segment, as the batch starts each one: a running daemon would keep the last one's
+      # calibration and messages across camerad's restart
+      daemons, notify, col = [Daemon(m, arts) for m in ("modeld", "dmonitoringd")], Notify(), Collector([*ROAD_OUT, *DRIVER_OUT])
+      try:
+        rec = subprocess.Popen([sys.executable, "-m", "modeld_tools.record", "--route", tmp_path / "live" / seg.name, "--stats-interval", "0"],
+                               cwd=REPO, env={**os.environ, "NOTIFY_SOCKET": notify.addr})
+        notify.wait("READY=1", 20)
+        lockstep(seg, col, "--layout", "aligned")
+        for svc, n in counts.items(): notify.wait_count(svc, n)   # recorded: a stop now loses nothing
+        rec.send_signal(signal.SIGTERM)
+        assert rec.wait(20) == 0
+      finally:
+        for d in daemons: d.stop()
+        col.close()
+        notify.close()
+      live, out = messages(tmp_path / "live" / seg.name), messages(tmp_path / "out" / route / seg.name)
+      assert {svc: len(m) for svc, m in out.items() if m} == counts, seg.name
+      ids = [m["frameId"] for _, m in out["modelV2"]]
+      assert ids == list(range(ids[0], ids[0] + len(ids))), (seg.name, ids)   # consecutive across the gap, as lockstep serves them
+      for svc in out: assert live[svc] == out[svc], f"{seg.name} {svc}"
 
 def test_outputs_are_on_the_recorded_clock(routes, tiny_artifacts, tmp_path):
   """An output segment is on its source's clock, as its EncodeIdx events are: every event within the source segment's
