@@ -218,10 +218,10 @@ DM_CONVS = [(1, 16, 4, 4), (16, 32, 3, 2), (32, 64, 3, 2), (64, 128, 3, 2), (128
 def realsize_vision_onnx(path: pathlib.Path) -> tuple[pathlib.Path, int, int]:
   """The release's vision I/O and output_slices with a real-size network; (path, parameters, FLOPs a frame)."""
   from onnx import helper, TensorProto
-  from tests.onnx_models import _save, _layout, KNOWN_SLICES
+  from tests.onnx_models import save_model, release_layout, KNOWN_SLICES
   from modelrt.contracts import ROAD_V0_11_1
   m, rng = ROAD_V0_11_1.vision, np.random.default_rng(0)
-  slices, bias = _layout(m, KNOWN_SLICES['vision'], {}, 0)
+  slices, bias = release_layout(m, KNOWN_SLICES['vision'], {}, 0)
   nodes, weights, flops, feats = [], {'scale': np.array(1 / 255, np.float32)}, 0, []
   for k in ('img', 'big_img'):
     nodes += [helper.make_node('Cast', [k], [f'{k}_f'], to=TensorProto.FLOAT), helper.make_node('Mul', [f'{k}_f', 'scale'], [f'{k}_s'])]
@@ -231,16 +231,16 @@ def realsize_vision_onnx(path: pathlib.Path) -> tuple[pathlib.Path, int, int]:
     flops += f
   nodes.append(helper.make_node('Concat', feats, ['feat'], axis=1))
   flops += _fc(nodes, weights, 'feat', 'hidden', 2 * c * h * w, 512, rng) + _fc(nodes, weights, 'hidden', 'taps', 512, bias.size, rng, relu=False)
-  _save(path, nodes, {k: (i.shape, i.dtype) for k, i in m.inputs.items()}, bias, weights, slices)
+  save_model(path, nodes, {k: (i.shape, i.dtype) for k, i in m.inputs.items()}, bias, weights, slices)
   return path, sum(v.size for v in weights.values()) + bias.size, flops
 
 def realsize_dm_onnx(path: pathlib.Path) -> tuple[pathlib.Path, int, int]:
   """The release's driver-monitoring I/O and output_slices with a real-size network; (path, parameters, FLOPs)."""
   from onnx import helper, TensorProto
-  from tests.onnx_models import _save, _layout, KNOWN_SLICES, DM_FEATURES
+  from tests.onnx_models import save_model, release_layout, KNOWN_SLICES, DM_FEATURES
   from modelrt.contracts import DM_V0_11_1
   m, rng = DM_V0_11_1.dm, np.random.default_rng(1)
-  slices, bias = _layout(m, KNOWN_SLICES['dm'], {}, DM_FEATURES)
+  slices, bias = release_layout(m, KNOWN_SLICES['dm'], {}, DM_FEATURES)
   weights = {'scale': np.array(1 / 255, np.float32), 'shape': np.array([1, 1, 960, 1440], np.int64)}
   nodes = [helper.make_node('Cast', ['input_img'], ['img_f'], to=TensorProto.FLOAT), helper.make_node('Mul', ['img_f', 'scale'], ['img_s']),
            helper.make_node('Reshape', ['img_s', 'shape'], ['img'])]
@@ -248,7 +248,7 @@ def realsize_dm_onnx(path: pathlib.Path) -> tuple[pathlib.Path, int, int]:
   nodes += [helper.make_node('Flatten', [x], ['flat']), helper.make_node('Cast', ['calib'], ['calib_f'], to=TensorProto.FLOAT),
             helper.make_node('Concat', ['flat', 'calib_f'], ['feat'], axis=1)]
   flops += _fc(nodes, weights, 'feat', 'hidden', c * h * w + 3, 256, rng) + _fc(nodes, weights, 'hidden', 'taps', 256, bias.size, rng, relu=False)
-  _save(path, nodes, {k: (i.shape, i.dtype) for k, i in m.inputs.items()}, bias, weights, slices)
+  save_model(path, nodes, {k: (i.shape, i.dtype) for k, i in m.inputs.items()}, bias, weights, slices)
   return path, sum(v.size for v in weights.values()) + bias.size, flops
 
 def realsize(beam: int) -> None:

@@ -57,7 +57,7 @@ def _policy_known(rng: np.random.Generator) -> dict[str, np.ndarray]:
 def _dm_known(rng: np.random.Generator) -> dict[str, np.ndarray]:
   return {k: rng.normal(0, 1, h.width).astype(np.float32) for k, h in DM_V0_11_1.dm.heads.items()}
 
-def _layout(model: Model, known: dict[str, np.ndarray], widths: dict[str, int], extra: int,
+def release_layout(model: Model, known: dict[str, np.ndarray], widths: dict[str, int], extra: int,
             order: tuple[str, ...] | None = None) -> tuple[dict[str, slice], np.ndarray]:
   """Slices back to back in the contract's order, the release's (or in `order`; a head's width overridden by `widths`,
   then zeros), the constant vector."""
@@ -72,11 +72,11 @@ _rng = np.random.default_rng(1211)
 KNOWN_SLICES = {'vision': _vision_known(_rng), 'policy': _policy_known(_rng), 'dm': _dm_known(_rng)}
 SLICES, KNOWN = {}, {}
 for _k, _m in (('vision', ROAD_V0_11_1.vision), ('policy', ROAD_V0_11_1.policy), ('dm', DM_V0_11_1.dm)):
-  SLICES[_k], KNOWN[_k] = _layout(_m, KNOWN_SLICES[_k], {}, DM_FEATURES)
+  SLICES[_k], KNOWN[_k] = release_layout(_m, KNOWN_SLICES[_k], {}, DM_FEATURES)
 
 # ***** the graphs *****
 
-def _save(path, nodes, inputs: dict, bias: np.ndarray, weights: dict, output_slices, extra_inputs=(), drop_input=None) -> pathlib.Path:
+def save_model(path, nodes, inputs: dict, bias: np.ndarray, weights: dict, output_slices, extra_inputs=(), drop_input=None) -> pathlib.Path:
   """inputs: {name: (shape, dtype)}; drop_input: baked into the file as a constant instead of being an input."""
   ins = [helper.make_tensor_value_info(k, _DT[dt], shape) for k, (shape, dt) in inputs.items() if k != drop_input]
   ins += [helper.make_tensor_value_info(k, TensorProto.FLOAT, shape) for k, shape in extra_inputs]
@@ -125,7 +125,7 @@ def vision_onnx(path, widths: dict[str, int] | None = None, output_slices=..., d
   """driving_vision.onnx's I/O with the outputs above. widths: heads of another width (zeros), as another release's
   model would have; output_slices: other metadata (None: none); order: the heads laid out in this order instead."""
   m = ROAD_V0_11_1.vision
-  slices, bias = _layout(m, KNOWN_SLICES['vision'], widths or {}, 0, order)
+  slices, bias = release_layout(m, KNOWN_SLICES['vision'], widths or {}, 0, order)
   hid, meta = slices['hidden_state'].start, slices['meta'].start
   w = _taps(4, bias.size, {meta + ROAD_Y_META: {0: Y_SCALE}, meta + WIDE_Y_META: {1: Y_SCALE}, hid: {2: 1.}, hid + 1: {3: 1.}})
   nodes = [*_channel_mean('img', 6, 'road_y'), *_channel_mean('big_img', 6, 'wide_y'), *_channel_mean('img', 10, 'road_u'),
@@ -140,13 +140,13 @@ def vision_onnx(path, widths: dict[str, int] | None = None, output_slices=..., d
                 helper.make_node('Flatten', [f'{k}_c'], [f'{k}_flat'])]
     _dense(nodes, weights, ['img_flat', 'big_img_flat'], 1024, bias.size, 2)
   else: _lin_is_taps(nodes)
-  return _save(path, nodes, {k: (i.shape, i.dtype) for k, i in m.inputs.items()}, bias, weights,
+  return save_model(path, nodes, {k: (i.shape, i.dtype) for k, i in m.inputs.items()}, bias, weights,
                slices if output_slices is ... else output_slices, **kw)
 
 def policy_onnx(path, widths: dict[str, int] | None = None, output_slices=..., dtype: str = 'float32', dense: bool = False, **kw) -> pathlib.Path:
   """driving_policy.onnx's I/O (inputs declared `dtype`) with the outputs above."""
   m = ROAD_V0_11_1.policy
-  slices, bias = _layout(m, KNOWN_SLICES['policy'], widths or {}, 0)
+  slices, bias = release_layout(m, KNOWN_SLICES['policy'], widths or {}, 0)
   n, j = bias.size, np.arange(25)
   w = _taps(52, n, {n - 2: {i: float(i + 1) for i in j}, n - 1: {**{25 + i: float(i + 1) for i in j}, 50: TRAFFIC_WEIGHTS[0], 51: TRAFFIC_WEIGHTS[1]}})
   nodes = [*[helper.make_node('Cast', [k], [f'{k}_f'], to=TensorProto.FLOAT) for k in m.inputs],
@@ -158,18 +158,18 @@ def policy_onnx(path, widths: dict[str, int] | None = None, output_slices=..., d
     nodes.append(helper.make_node('ReduceMean', ['features_buffer_f'], ['features_mean'], axes=[1], keepdims=0))
     _dense(nodes, weights, ['features_mean', 'x'], 512 + 52, n, 3)
   else: _lin_is_taps(nodes)
-  return _save(path, nodes, {k: (i.shape, dtype) for k, i in m.inputs.items()}, bias, weights,
+  return save_model(path, nodes, {k: (i.shape, dtype) for k, i in m.inputs.items()}, bias, weights,
                slices if output_slices is ... else output_slices, **kw)
 
 def dm_onnx(path, widths: dict[str, int] | None = None, output_slices=..., **kw) -> pathlib.Path:
   """dmonitoring_model.onnx's I/O with the outputs above (the named slices, then DM_FEATURES unnamed entries)."""
   m = DM_V0_11_1.dm
-  slices, bias = _layout(m, KNOWN_SLICES['dm'], widths or {}, DM_FEATURES)
+  slices, bias = release_layout(m, KNOWN_SLICES['dm'], widths or {}, DM_FEATURES)
   f = bias.size - DM_FEATURES
   w = _taps(4, bias.size, {f: {0: 1 / 255}, f + 1: {1: 1.}, f + 2: {2: 1.}, f + 3: {3: 1.}})
   nodes = [helper.make_node('Cast', ['input_img'], ['img_f'], to=TensorProto.FLOAT),
            helper.make_node('ReduceMean', ['img_f'], ['img_m'], axes=[1], keepdims=1),
            helper.make_node('Cast', ['calib'], ['calib_f'], to=TensorProto.FLOAT),
            helper.make_node('Concat', ['img_m', 'calib_f'], ['x'], axis=1), helper.make_node('MatMul', ['x', 'w'], ['taps'])]
-  return _save(path, nodes, {k: (i.shape, i.dtype) for k, i in m.inputs.items()}, bias, {'w': w},
+  return save_model(path, nodes, {k: (i.shape, i.dtype) for k, i in m.inputs.items()}, bias, {'w': w},
                slices if output_slices is ... else output_slices, **kw)
