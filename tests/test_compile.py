@@ -214,7 +214,7 @@ def test_winograd_takes_the_dense_3x3_stride_1_convolutions_only(tmp_path):
   from onnx import helper
   from tinygrad import TinyJit
   from modelrt.profile import _calls, _name
-  from tests.onnx_models import _save
+  from tests.onnx_models import save_model
   ort = pytest.importorskip('onnxruntime')
   rng = np.random.default_rng(0)
   weights = {'dense': rng.standard_normal((8, 8, 3, 3)).astype(np.float32) / 8, 'depthwise': rng.standard_normal((8, 1, 3, 3)).astype(np.float32) / 3}
@@ -222,7 +222,7 @@ def test_winograd_takes_the_dense_3x3_stride_1_convolutions_only(tmp_path):
   for name, w in weights.items():
     nodes = [helper.make_node('Conv', ['x', 'w'], ['c'], kernel_shape=[3, 3], pads=[1] * 4, strides=[1, 1], group=8 // w.shape[1]),
              helper.make_node('Reshape', ['c', 'shape'], ['taps'])]
-    path = _save(tmp_path / f'{name}.onnx', nodes, {'x': ((1, 8, 16, 16), 'float32')}, np.zeros(2048, np.float32),
+    path = save_model(tmp_path / f'{name}.onnx', nodes, {'x': ((1, 8, 16, 16), 'float32')}, np.zeros(2048, np.float32),
                  {'w': w, 'shape': np.array([1, -1], np.int64)}, {'out': slice(0, 2048)})
     md, want, kernels = load_onnx(path, 'vision'), ort.InferenceSession(str(path)).run(None, x)[0], {}
     for wino in (0, 1):
