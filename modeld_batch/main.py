@@ -187,14 +187,18 @@ def run(args) -> int:
     t1 = time.monotonic()
     print(f"workers ready (artifacts loaded) in {t1 - t_workers:.1f} s", file=sys.stderr)
     with tqdm(total=len(jobs), initial=len(done), unit="segment", desc="modeld-batch", disable=args.quiet) as bar:
-      idle = list(workers)
+      # a second segment waits queued on each worker, so it starts as the first ends, without the round trip through
+      # this process (slow to wake when the workers fill every core); not near the end, where it could wait behind a
+      # long segment while another worker idles
+      load = [0] * len(workers)
       while queue or pending:
-        while queue and idle:
-          w, j = idle.pop(), queue.pop(0)
-          pending[w.replay.remote(asdict(j))] = (w, j)
+        while queue and load[i := load.index(min(load))] < (2 if len(queue) > len(workers) else 1):
+          j = queue.pop(0)
+          pending[workers[i].replay.remote(asdict(j))] = (i, j)
+          load[i] += 1
         ready, _ = ray.wait(list(pending), num_returns=1)
-        w, j = pending.pop(ready[0])
-        idle.append(w)
+        i, j = pending.pop(ready[0])
+        load[i] -= 1
         deferred, s = True, summary[j.route]   # a signal waits until this result is counted whole, and once
         try: r = ray.get(ready[0])
         except ray.exceptions.RayError as e: r = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
