@@ -157,6 +157,9 @@ def run(args) -> int:
   handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
   t0, t_ray, t_workers, t1 = time.monotonic(), None, None, None   # t_*: when Ray's start-up, the workers' and the segments' began
   workers, pending, queue, reported = [], {}, list(todo), set()
+  # Ray's driver prints its notices (a worker died, a task failed) to stdout: they go to stderr, with the progress bar,
+  # and stdout holds the summary table alone
+  stdout, sys.stdout = sys.stdout, sys.stderr
   try:   # from here on a Ctrl-C or SIGTERM (checking the inputs, Ray starting, the segments) stops cleanly
     arts = manifests(args.artifacts)
     # workers run where Ray puts them: they get the artifact's tinygrad device from here, not from their node's default
@@ -217,7 +220,8 @@ def run(args) -> int:
   finally:
     # a signal from here on is only noted: the job is complete, or stopping already
     deferred, t2, stopped = True, time.monotonic(), caught[0] if caught else None
-    ray.shutdown()
+    try: ray.shutdown()
+    finally: sys.stdout = stdout
     if stopped:
       remove_partial(out)
       for j in todo:   # completed as the job stopped, its result not yet in: done all the same (--resume skips it)

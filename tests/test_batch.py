@@ -263,7 +263,7 @@ def test_ctrl_c_or_sigterm_stops_cleanly_and_resume_finishes(sig, scene, tiny_ar
   summary = json.loads((tmp_path / "out" / "summary.json").read_text())
   (s,) = summary["routes"]
   assert summary["interrupted"] is True and 1 <= s["done"] < 3 and s["frames"] == 40 * s["done"], summary
-  assert f"interrupted ({sig.name}): {3 - s['done']} segment(s) not run" in out, out
+  assert f"interrupted ({sig.name}): {3 - s['done']} segment(s) not run" in out and "(raylet)" not in out, out   # the table alone
   deadline = time.monotonic() + 10   # Ray's shutdown ends its workers as it goes
   while job_workers(p) and time.monotonic() < deadline: time.sleep(0.1)
   assert not job_workers(p), "a worker outlived the interrupted job"
