@@ -81,11 +81,13 @@ def replay_segment(src: str, out: str, runners: Runners) -> dict:
   # the output is on the source's clock, as the EncodeIdx events it copies: each frame's camera states and outputs at
   # the time its camera state was recorded, initData at the segment's start. So the output spans the source segment's
   # time and lines up with it (plots, overlays), whenever and however fast the batch ran.
-  recorded, encode_idx, t_start = {}, [], None   # recorded: (stream, recorded frame id) -> logMonoTime of its camera state
+  # recorded: (stream, frame id, start of frame) -> logMonoTime of its camera state (a camera restarted in the segment
+  # numbers its frames from 0 again: the start-of-frame time tells the two apart)
+  recorded, encode_idx, t_start = {}, [], None
   for dat, ev in LogReader(segment_log(Path(src), "a")).raw():
     t_start = ev.logMonoTime if t_start is None else min(t_start, ev.logMonoTime)
     if (w := ev.which()) in ENCODE_IDX_OF: encode_idx.append(dat)
-    elif (s := STREAM_OF_STATE.get(w)) is not None: recorded[s, getattr(ev, w).frameId] = ev.logMonoTime
+    elif (s := STREAM_OF_STATE.get(w)) is not None: recorded[s, getattr(ev, w).frameId, getattr(ev, w).timestampSof] = ev.logMonoTime
   init = messaging.log_from_bytes(init_data()).as_builder()
   init.logMonoTime = t_start
   rlog = LogFile(tmp / "rlog.zst")
@@ -100,7 +102,7 @@ def replay_segment(src: str, out: str, runners: Runners) -> dict:
     for s, (fid, sof, eof) in sent.items():
       served[s] += 1
       last[s] = Frame(bufs[s], fid, sof, eof)
-    t = {s: recorded[s, tick.states[s].frameId] for s in sent}
+    t = {s: recorded[s, tick.states[s].frameId, tick.states[s].timestampSof] for s in sent}
     msgs = [(svc, camera_state(svc, fid, tick.index, sof, eof, 0., source.sensor[s], tick.states[s]), t[s])
             for s, (fid, sof, eof) in sent.items() for svc in [CAMERA_STATE_SERVICES[s]]]
     if road and streams[0] in sent:

@@ -165,6 +165,16 @@ def test_outputs_are_on_the_recorded_clock(routes, tiny_artifacts, tmp_path):
       if w == "driverStateV2": last_driver = ev.logMonoTime
     assert got == dict.fromkeys((*ROAD_OUT, *DRIVER_OUT), FRAMES), (src.name, got)
 
+def test_a_camera_restarted_in_a_segment_keeps_each_frame_its_time(scene, tiny_artifacts, tmp_path):
+  """A segment whose cameras restarted (frame ids 100.. again): each frame's camera state and outputs keep the time
+  its own state was recorded at, not that of the later frame with the same id."""
+  write_route(src := tmp_path / "r", scene, segments=1, frames=FRAMES, restart=FRAMES // 2)
+  assert batch(src, "--artifacts", tiny_artifacts, "--out", tmp_path / "out").returncode == 0
+  def times(route: Path) -> dict[str, list[int]]:
+    return {w: [ev.logMonoTime for ev in LogReader(log_files(route, "a")) if ev.which() == w] for w in ("roadCameraState", "modelV2")}
+  recorded, got = times(src / "r--0")["roadCameraState"], times(tmp_path / "out" / "r" / "r--0")
+  assert len(set(recorded)) == FRAMES and got == {"roadCameraState": recorded, "modelV2": recorded}, (recorded, got)
+
 def test_outputs_that_cannot_be_parsed_are_counted(routes, tmp_path):
   """A driver-monitoring model whose outputs the daemon cannot parse (its manifest's face_descs_lhd slice 10 wide):
   every driver frame is skipped and counted as bad_output, the segments still complete (each starts its own count
