@@ -222,7 +222,9 @@ class LogReader:
     in segment order."""
     import multiprocessing
     from functools import partial
-    with multiprocessing.Pool(num_processes) as pool:
+    # spawned, not forked: a fork of a process with threads (ZMQ's, a logger's) can copy a lock held mid-call, and the
+    # child then waits on it forever. func must be importable (a module's top-level function), as openpilot's must be.
+    with multiprocessing.get_context("spawn").Pool(num_processes) as pool:
       results = pool.imap(partial(_run_on_file, func, self.sort_by_time, self.only_union_types), self.files)
       if not disable_tqdm:
         try:
