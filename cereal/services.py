@@ -1,24 +1,25 @@
-"""The services table: the single source of truth for every pub/sub topic's rate, logging and size, and for the cameras.
-
-Names, rates, logging and qlog decimation are openpilot's for the services listed here.
+"""The services table: the single source of truth for every pub/sub topic's rate, logging and queue size, and for the
+cameras. Names, rates, logging, qlog decimation and queue sizes are openpilot's for the services listed here: both
+sides of an endpoint must map queue files of one size.
 """
 from dataclasses import dataclass
 from msgq.visionipc import VisionStreamType
+
+BIG, SMALL = 10 * 1024 * 1024, 250 * 1024   # openpilot's QueueSize tiers (bytes of queue per endpoint)
 
 @dataclass(frozen=True)
 class Service:
   frequency: float   # Hz the producer publishes at (SubMaster's alive/freq checks use it)
   should_log: bool   # the recorder records it by default
   decimation: int | None = None   # qlog keeps every Nth message (None: not in the qlog)
-  max_size: int = 64 * 1024       # bytes: larger messages are refused by subscribers of this service
+  queue_size: int = SMALL         # bytes of queue (msgq's segment size); a message may take a third of it
 
-MiB = 1024 * 1024
 SERVICES: dict[str, Service] = {
-  # model outputs; rawPredictions can make modelV2/driverStateV2 large
-  "modelV2": Service(20., True, None, 4 * MiB),   # drivingModelData is the model's qlog message
+  # model outputs
+  "modelV2": Service(20., True, None, BIG),   # drivingModelData is the model's qlog message
   "drivingModelData": Service(20., True, 10),
   "cameraOdometry": Service(20., True, 10),
-  "driverStateV2": Service(20., True, 10, 4 * MiB),
+  "driverStateV2": Service(20., True, 10),
   "driverMonitoringState": Service(20., True, 10),
   # camera states, one per VisionIPC frame
   "roadCameraState": Service(20., True, 20),

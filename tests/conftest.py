@@ -1,18 +1,19 @@
-import json, shutil, uuid
+import glob, json, os, shutil, uuid
 from pathlib import Path
 import pytest
-from msgq import runtime_dir
+from msgq import remove_stack
 from tests.artifacts import CACHE, LAYOUT, build
 
 @pytest.fixture(autouse=True)
 def _openpilot_prefix(monkeypatch):
   """Every test gets its own OPENPILOT_PREFIX, so pub/sub endpoints and ringbuffers never collide across tests
-  or parallel runs. Spawned child processes inherit it through the environment. Its runtime directory (sockets,
-  publisher locks) is removed afterwards."""
-  monkeypatch.setenv("OPENPILOT_PREFIX", f"t{uuid.uuid4().hex[:12]}")
-  path = runtime_dir()
+  or parallel runs. Spawned child processes inherit it through the environment. What its stack leaves (queue files,
+  sockets, locks) is removed afterwards."""
+  monkeypatch.setenv("OPENPILOT_PREFIX", prefix := f"t{uuid.uuid4().hex[:12]}")
   yield
-  shutil.rmtree(path, ignore_errors=True)
+  os.environ["OPENPILOT_PREFIX"] = prefix   # a test may have moved to another (monkeypatch restores the outer one next)
+  remove_stack()
+  for other in glob.glob(f"/dev/shm/msgq_*{prefix}*"): shutil.rmtree(other, ignore_errors=True)   # stacks named after it
 
 @pytest.fixture(scope="session")
 def tiny_artifacts() -> Path:

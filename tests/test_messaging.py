@@ -65,8 +65,9 @@ def test_event_union_has_every_service_and_services_have_rates():
               "wideRoadCameraState", "driverCameraState", "liveCalibration", "carState", "carControl", "deviceState", "liveDelay"}
   assert required <= members and set(SERVICES) <= members
   for name, s in SERVICES.items():
-    assert s.frequency > 0 and s.max_size >= 4096 and (s.decimation is None or s.decimation >= 1), name
-  assert max(s.max_size for s in SERVICES.values()) <= msgq.DEFAULT_MAX_SIZE
+    assert s.frequency > 0 and (s.decimation is None or s.decimation >= 1), name
+  # openpilot's queue sizes: both sides of an endpoint map a file of one size (QueueSize.BIG for modelV2, SMALL the rest)
+  assert {n: s.queue_size for n, s in SERVICES.items() if s.queue_size != 250 * 1024} == {"modelV2": 10 * 1024 * 1024}
   assert set(CAMERA_STATE_SERVICES.values()) <= set(SERVICES)
   assert SERVICES["modelV2"].frequency == 20 and SERVICES["carState"].frequency == 100 and SERVICES["liveCalibration"].frequency == 4
 
@@ -207,7 +208,7 @@ def test_recv_helpers_and_pubmaster_send_builder_or_bytes():
   got, deadline = [], time.monotonic() + 5
   while len(got) < 3 and time.monotonic() < deadline: got += messaging.drain_sock(sock, wait_for_one=True)
   assert [e.carState.vEgo for e in got] == [3.0, 4.0, 5.0]
-  with pytest.raises(ValueError, match="max_size"): pm.send("carState", b"\x00" * (SERVICES["carState"].max_size + 8))
+  with pytest.raises(ValueError, match="larger than its segment"): pm.send("carState", b"\x00" * (msgq.max_message(SERVICES["carState"].queue_size) + 8))
   pm.close(); sock.close()
 
 def test_submaster_drops_malformed_messages_and_never_raises():
@@ -228,7 +229,7 @@ def test_submaster_drops_malformed_messages_and_never_raises():
   sm.close()
 
 def test_largest_service_message_goes_through_and_larger_ones_are_refused():
-  size = SERVICES["modelV2"].max_size
+  size = msgq.max_message(SERVICES["modelV2"].queue_size)
   sm = messaging.SubMaster(["modelV2"])
   with child(_pub_cmd) as (_, conn, _):
     assert ask_updating(conn, ("readers", "modelV2", None), sm)
@@ -239,12 +240,12 @@ def test_largest_service_message_goes_through_and_larger_ones_are_refused():
     assert ask(conn, ("send", "modelV2", dat)) == "sent"
     update_until(sm, lambda: sm.updated["modelV2"])
     assert hashlib.sha256(sm["modelV2"].rawPredictions).digest() == hashlib.sha256(m.modelV2.rawPredictions).digest()
-  with child(_publisher, "modelV2") as (_, conn, _):   # a publisher that allows more than the service's max_size
+  with child(_publisher, "modelV2", segment_size=40 * 1024 * 1024) as (_, conn, _):   # a publisher of another services table: larger messages
     assert ask_updating(conn, ("readers", 5.0), sm)   # the restarted publisher: the subscriber re-connects
     big = new_message("modelV2")
     big.modelV2.rawPredictions = b"\x00" * size
     assert ask(conn, ("send", [big.to_bytes()])) == "sent"
-    update_until(sm, lambda: sm.sock["modelV2"].refused == 1)
+    update_until(sm, lambda: sm.sock["modelV2"]._s.refused == 1)
     assert not sm.updated["modelV2"]   # never delivered
     small = new_message("modelV2")
     small.modelV2.frameId = 5

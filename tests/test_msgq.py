@@ -1,4 +1,6 @@
-"""msgq pub/sub: every guarantee of msgq/pubsub.py, with real ZMQ sockets and real processes (spawned, not forked)."""
+"""msgq pub/sub: every guarantee of msgq/pubsub.py, on both transports where both keep it, and the zmq transport's own
+(msgq/zmq.py), with real sockets, real shared memory and real processes (spawned, not forked). The shm transport's
+queue at the byte level: tests/test_shmq.py."""
 import fcntl, hashlib, math, multiprocessing, os, shutil, signal, socket, stat, threading, time
 from pathlib import Path
 from contextlib import contextmanager
@@ -6,27 +8,36 @@ import pytest
 import zmq
 
 import msgq
-from msgq.pubsub import LIVE_ADDR, LIVE_TOPIC, MSG_OVERHEAD, QUEUE_BYTES, _fnv1a64, is_local, queue_len
+from msgq.pubsub import fnv1a64, is_local
+from msgq.zmq import LIVE_ADDR, LIVE_TOPIC, MSG_OVERHEAD, QUEUE_BYTES, PUMP_S, queue_len
 
 CTX = multiprocessing.get_context("spawn")
 MiB = 1024 * 1024
-SMALL = 64 * 1024   # max_size of most services: the high-water mark is 1000 messages
+SMALL = 250 * 1024   # the segment of most services (openpilot's QueueSize.SMALL): messages up to 85,328 bytes
+
+@pytest.fixture(params=["zmq", "shm"])
+def transport(request, monkeypatch):
+  """A test of what both transports keep, run on each (child processes inherit MSGQ_TRANSPORT)."""
+  monkeypatch.setenv("MSGQ_TRANSPORT", request.param)
+  return request.param
 
 # ---- child processes ----
 
-def _publisher(endpoint: str, conn, max_size: int = msgq.DEFAULT_MAX_SIZE) -> None:
+def _publisher(endpoint: str, conn, segment_size: int = 0) -> None:
   """A publisher driven through a pipe: ("send", [msgs]) sends them at once; ("burst", (n, size)) sends n messages of
   size bytes, numbered from 0 in their first 4 bytes, as fast as it can; ("spam", msg) sends msg every 2 ms until the
-  next command; ("readers", s) waits for a reader. Replies to every command."""
-  try: pub = msgq.pub_sock(endpoint, max_size)
+  next command; ("readers", s) waits for a reader (True, or False after s seconds). Replies to every command."""
+  try: pub = msgq.pub_sock(endpoint, segment_size)
   except msgq.IpcError as e:
     conn.send(("error", type(e).__name__)); return
   conn.send(("up", os.getpid()))
   while (cmd := conn.recv()) is not None:
     op, arg = cmd
     if op == "send":
-      for m in arg: pub.send(m)
-      conn.send("sent")
+      try:
+        for m in arg: pub.send(m)
+      except msgq.IpcError as e: conn.send(("error", type(e).__name__))
+      else: conn.send("sent")
     elif op == "burst":
       n, size = arg
       for i in range(n): pub.send(i.to_bytes(4, "little") * (size // 4))
@@ -34,13 +45,16 @@ def _publisher(endpoint: str, conn, max_size: int = msgq.DEFAULT_MAX_SIZE) -> No
     elif op == "spam":
       conn.send("spamming")
       while not conn.poll(0.002): pub.send(arg)
-    elif op == "readers": conn.send(pub.wait_for_readers(arg))
+    elif op == "readers":
+      try: pub.wait_for_readers(arg)
+      except TimeoutError: conn.send(False)
+      else: conn.send(True)
   pub.close()
 
-def _subscriber(endpoint: str, mode: str, conn) -> None:
+def _subscriber(endpoint: str, mode: str, conn, segment_size: int = 0) -> None:
   """A subscriber that reads everything ("count": on request replies (count, newest)), never reads ("idle"),
   or reports the sizes it received ("sizes")."""
-  sock = msgq.sub_sock(endpoint, timeout=20)
+  sock = msgq.sub_sock(endpoint, timeout=20, segment_size=segment_size)
   conn.send("up")
   if mode == "idle":
     time.sleep(600)
@@ -68,10 +82,12 @@ def ask(conn, cmd, timeout: float = 10):
   assert conn.poll(timeout), f"no reply to {cmd[0] if cmd else cmd}"
   return conn.recv()
 
-def receive_until(sock, want: bytes, timeout: float = 5.0) -> list[bytes]:
-  """Everything received until `want` arrives (inclusive); fails after timeout."""
+def receive_until(sock, want: bytes, timeout: float = 5.0, send=None) -> list[bytes]:
+  """Everything received until `want` arrives (inclusive); fails after timeout. send(), if given, runs each turn (a
+  publisher that keeps sending until its subscriber has found it)."""
   out, deadline = [], time.monotonic() + timeout
   while time.monotonic() < deadline:
+    if send is not None: send()
     if (m := sock.receive(non_blocking=True)) is not None:
       out.append(m)
       if m == want: return out
@@ -81,14 +97,14 @@ def receive_until(sock, want: bytes, timeout: float = 5.0) -> list[bytes]:
 # ---- naming, ports, runtime directory ----
 
 def test_fnv1a64_known_vectors_and_tcp_port(monkeypatch):
-  assert _fnv1a64("") == 0xcbf29ce484222325
-  assert _fnv1a64("a") == 0xaf63dc4c8601ec8c
-  assert _fnv1a64("foobar") == 0x85944171f73967e8
+  assert fnv1a64("") == 0xcbf29ce484222325
+  assert fnv1a64("a") == 0xaf63dc4c8601ec8c
+  assert fnv1a64("foobar") == 0x85944171f73967e8
   monkeypatch.delenv("OPENPILOT_PREFIX")
-  assert msgq.tcp_port("modelV2") == 8023 + _fnv1a64("modelV2") % (65535 - 8023)   # openpilot's port
+  assert msgq.tcp_port("modelV2") == 8023 + fnv1a64("modelV2") % (65535 - 8023)   # openpilot's port
   assert all(8023 <= msgq.tcp_port(e) < 65535 for e in ("a", "carState", "x" * 60))
   monkeypatch.setenv("OPENPILOT_PREFIX", "other")
-  assert msgq.tcp_port("modelV2") != 8023 + _fnv1a64("modelV2") % (65535 - 8023)
+  assert msgq.tcp_port("modelV2") != 8023 + fnv1a64("modelV2") % (65535 - 8023)
 
 def test_only_127_0_0_1_is_local():
   assert is_local("127.0.0.1") and is_local("") and is_local(None)
@@ -141,11 +157,17 @@ def test_root_reads_a_service_users_stack_as_it_is(monkeypatch):
   assert sorted(p.name for p in root.iterdir()) == ["svc"]
   shutil.rmtree(top)
 
-def test_bad_endpoint_names():
-  for bad in ("", "a/b", "x" * 200):
-    with pytest.raises(msgq.IpcError, match="endpoint|too long"): msgq.pub_sock(bad)
+def test_bad_endpoint_names(transport):
+  for bad in ("", "a/b", "..", 7):
+    with pytest.raises(msgq.IpcError, match="endpoint must be a plain name"): msgq.pub_sock(bad)
+  if transport == "zmq":
+    with pytest.raises(msgq.IpcError, match="too long"): msgq.pub_sock("x" * 200)
 
-def test_prefixes_isolate_stacks(monkeypatch):
+def test_an_unknown_transport_is_refused_naming_the_choices(monkeypatch):
+  monkeypatch.setenv("MSGQ_TRANSPORT", "udp")
+  with pytest.raises(msgq.IpcError, match="MSGQ_TRANSPORT must be one of zmq, shm, got 'udp'"): msgq.pub_sock("ep")
+
+def test_prefixes_isolate_stacks(monkeypatch, transport):
   monkeypatch.setenv("OPENPILOT_PREFIX", "stack1-" + os.environ["OPENPILOT_PREFIX"])
   pub1, sub1 = msgq.pub_sock("ep"), msgq.sub_sock("ep", timeout=200)
   monkeypatch.setenv("OPENPILOT_PREFIX", "stack2-" + os.environ["OPENPILOT_PREFIX"])
@@ -155,26 +177,41 @@ def test_prefixes_isolate_stacks(monkeypatch):
   assert sub1.receive() is None and sub2.receive() is None   # no cross-talk
   for s in (pub1, pub2, sub1, sub2): s.close()
 
-# ---- one publisher per endpoint ----
+# ---- the newest publisher wins ----
 
-def test_one_publisher_per_endpoint_same_process():
-  pub = msgq.pub_sock("ep")
-  with pytest.raises(msgq.MultiplePublishersError, match="ep"): msgq.pub_sock("ep")
-  pub.close()
-  pub = msgq.pub_sock("ep")   # free again once closed
-  pub.close()
+def test_the_newest_publisher_wins_in_one_process(transport):
+  """openpilot's rule: a new publisher always takes the endpoint; the older one's next send raises and it lets go of
+  the endpoint. A publisher still referenced somewhere (a traceback, a test's frame) blocks nobody."""
+  old, sub = msgq.pub_sock("ep"), msgq.sub_sock("ep", timeout=100)
+  new = msgq.pub_sock("ep")
+  with pytest.raises(msgq.MultiplePublishersError, match="ep: a newer publisher took the endpoint"): old.send(b"old")
+  with pytest.raises(msgq.MultiplePublishersError): old.send(b"old")   # every later send says so too
+  receive_until(sub, b"new", send=lambda: new.send(b"new"))   # the subscriber follows the endpoint to the new one
+  new.close(); old.close(); sub.close()
 
-def test_one_publisher_per_endpoint_across_processes():
+def test_the_newest_publisher_wins_across_processes(transport):
   with child(_publisher, "ep") as (p, conn, hello):
     assert hello[0] == "up"
-    with pytest.raises(msgq.MultiplePublishersError): msgq.pub_sock("ep")
-    os.kill(p.pid, signal.SIGKILL)   # dies holding the endpoint and leaving its socket file
-    p.join(5)
-  pub, sub = msgq.pub_sock("ep"), msgq.sub_sock("ep", timeout=1000)
-  pub.send(b"after")
-  assert sub.receive() == b"after"
-  with child(_publisher, "ep") as (_, _, hello): assert hello == ("error", "MultiplePublishersError")
+    pub, sub = msgq.pub_sock("ep"), msgq.sub_sock("ep", timeout=100)   # taken from a live publisher of another process
+    assert ask(conn, ("send", [b"old"])) == ("error", "MultiplePublishersError")
+    receive_until(sub, b"mine", send=lambda: pub.send(b"mine"))
+    with child(_publisher, "ep") as (_, conn2, hello2):   # and taken from us in turn
+      assert hello2[0] == "up"
+      with pytest.raises(msgq.MultiplePublishersError): pub.send(b"x")
+      assert ask(conn2, ("spam", b"theirs")) == "spamming"
+      receive_until(sub, b"theirs")
   pub.close(); sub.close()
+
+def test_an_idle_older_zmq_publisher_lets_go_so_its_subscribers_reach_the_new_one():
+  """On zmq a subscriber stays connected to the publisher it found: the older one, idle, notices the newer within
+  PUMP_S and closes its socket, so its subscribers reconnect to the newer one without it ever sending again."""
+  old = msgq.pub_sock("ep")
+  sub = msgq.sub_sock("ep", timeout=100)
+  new = msgq.pub_sock("ep")
+  time.sleep(PUMP_S + 0.05)
+  assert old._s._st.superseded   # never sent anything: it found out by itself
+  receive_until(sub, b"new", send=lambda: new.send(b"new"), timeout=2 * PUMP_S + 1)
+  new.close(); sub.close()
 
 # ---- no slow-joiner loss ----
 
@@ -203,14 +240,14 @@ def test_only_our_own_uid_can_confirm_a_subscription():
   uid must not end the wait (the subscription would look live when nothing says it is)."""
   if os.getuid() != 0: pytest.skip("needs root, to send from another uid")
   path = os.path.join(msgq.runtime_dir(), "ep")
-  lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-  fcntl.flock(lock, fcntl.LOCK_EX)   # a publisher is up, as far as the subscriber can tell: it waits
+  lock = os.open(path + ".pub", os.O_RDWR | os.O_CREAT, 0o600)
+  fcntl.flock(lock, fcntl.LOCK_SH)   # a publisher is up, as far as the subscriber can tell: it waits
   xpub = zmq.Context.instance().socket(zmq.XPUB)   # that publisher: it reads the token and never confirms
   xpub.setsockopt(zmq.LINGER, 0)
   xpub.setsockopt(zmq.RCVTIMEO, 5000)
   xpub.bind("ipc://" + path)
-  sub, wait_s = msgq.SubSocket(), 3.0
-  waiting = threading.Thread(target=sub.connect, args=(msgq.Context(), "ep"), kwargs={"wait": wait_s})
+  made, wait_s = [], 3.0
+  waiting = threading.Thread(target=lambda: made.append(msgq.zmq.SubSocket("ep", "127.0.0.1", False, 0, wait=wait_s)))
   waiting.start()
   while not (topic := xpub.recv()[1:]).startswith(LIVE_TOPIC): pass
   other = CTX.Process(target=_confirm_as, args=(65534, topic[len(LIVE_TOPIC):]))
@@ -218,36 +255,49 @@ def test_only_our_own_uid_can_confirm_a_subscription():
   assert other.exitcode == 0, f"the other uid's sender exited with {other.exitcode}"
   sent_while_waiting = waiting.is_alive()
   waiting.join(wait_s + 5)
-  assert sub.confirmed is False, "a datagram from another uid confirmed the subscription"
+  assert (sub := made[0]).confirmed is False, "a datagram from another uid confirmed the subscription"
   assert sent_while_waiting, f"the subscriber stopped waiting ({wait_s} s) before the datagram was sent: nothing was tested"
   sub.close(); xpub.close(); os.close(lock)
 
-def test_subscriber_connects_to_a_later_publisher():
+def test_subscriber_connects_to_a_later_publisher(transport):
+  """It finds the publisher by itself once it reads (shm: re-registers in the new publisher's queue; zmq: connects)."""
   sub = msgq.sub_sock("ep", timeout=3000)   # no publisher yet: returns at once
   with child(_publisher, "ep") as (_, conn, _):
-    assert ask(conn, ("readers", 5.0)) is True   # the subscriber connected by itself
-    assert ask(conn, ("send", [b"hello"])) == "sent"
-    assert sub.receive() == b"hello"
+    assert ask(conn, ("spam", b"hello")) == "spamming"
+    receive_until(sub, b"hello")
   sub.close()
 
-def test_readers_follow_subscribers():
+def test_zmq_readers_follow_subscribers():
   pub = msgq.pub_sock("ep")
-  assert not pub.all_readers_updated() and not pub.wait_for_readers(0.05)
+  assert not pub.all_readers_updated()
+  with pytest.raises(TimeoutError): pub.wait_for_readers(0.05)
   a, b = msgq.sub_sock("ep"), msgq.sub_sock("ep")
-  assert pub.wait_for_readers(1) and pub.readers == 2
+  pub.wait_for_readers(1)
+  assert pub._s.readers == 2
   a.close(); b.close()
   deadline = time.monotonic() + 5
   while pub.all_readers_updated(): assert time.monotonic() < deadline; time.sleep(0.01)
-  assert pub.readers == 0
+  assert pub._s.readers == 0
   pub.close()
+
+def test_what_was_sent_is_there_for_the_receive_that_follows(transport):
+  """openpilot's msgq: a message is in the queue when send returns. The zmq transport delivers on I/O threads, so a
+  confirmed local subscriber waits for what its publisher has counted as sent (docs/MSGQ.md)."""
+  with child(_publisher, "ep") as (_, conn, _):
+    sub, newest = msgq.sub_sock("ep"), msgq.sub_sock("ep", conflate=True)
+    for i in range(20):
+      sent = [b"%d.%d" % (i, k) for k in range(5)]
+      assert ask(conn, ("send", sent)) == "sent"
+      assert msgq.drain_sock_raw(sub) == sent, f"round {i}"   # non-blocking receives, right after the sends
+      assert newest.receive(non_blocking=True) == sent[-1] and newest.receive(non_blocking=True) is None
+  sub.close(); newest.close()
 
 # ---- queueing ----
 
-def test_conflate_keeps_only_the_newest():
-  sub = msgq.sub_sock("ep", conflate=True, timeout=1000, max_size=SMALL)
-  with child(_publisher, "ep", max_size=SMALL) as (_, conn, _):
-    assert ask(conn, ("readers", 5.0)) is True
-    full = msgq.sub_sock("ep", timeout=1000, max_size=SMALL)
+def test_conflate_keeps_only_the_newest(transport):
+  with child(_publisher, "ep", segment_size=SMALL) as (_, conn, _):
+    sub = msgq.sub_sock("ep", conflate=True, timeout=1000, segment_size=SMALL)
+    full = msgq.sub_sock("ep", timeout=1000, segment_size=SMALL)
     sent = [str(i).encode() for i in range(100)]
     assert ask(conn, ("send", sent)) == "sent"
     assert receive_until(full, b"99") == sent   # what a subscriber without conflate gets
@@ -258,9 +308,9 @@ def test_conflate_keeps_only_the_newest():
     assert sub.receive(non_blocking=True) is None
   sub.close(); full.close()
 
-def test_drain_sock_raw_returns_everything_in_order():
-  with child(_publisher, "ep", max_size=SMALL) as (_, conn, _):   # a queue of 1000 messages each way
-    sub = msgq.sub_sock("ep", timeout=1000, max_size=SMALL)
+def test_drain_sock_raw_returns_everything_in_order(transport):
+  with child(_publisher, "ep", segment_size=SMALL) as (_, conn, _):
+    sub = msgq.sub_sock("ep", timeout=1000, segment_size=SMALL)
     sent = [i.to_bytes(4, "little") * (i + 1) for i in range(200)]
     assert ask(conn, ("send", sent)) == "sent"
     got, deadline = [], time.monotonic() + 5
@@ -269,7 +319,7 @@ def test_drain_sock_raw_returns_everything_in_order():
     assert msgq.drain_sock_raw(sub) == []
   sub.close()
 
-def test_receive_timeout_and_non_blocking():
+def test_receive_timeout_and_non_blocking(transport):
   pub, sub = msgq.pub_sock("ep"), msgq.sub_sock("ep")
   t = time.monotonic()
   assert sub.receive(non_blocking=True) is None
@@ -282,7 +332,7 @@ def test_receive_timeout_and_non_blocking():
   assert sub.receive() == b"x"
   pub.close(); sub.close()
 
-def test_poller_wakes_on_first_message_and_returns_only_ready_sockets():
+def test_poller_wakes_on_first_message_and_returns_only_ready_sockets(transport):
   poller = msgq.Poller()
   with child(_publisher, "a") as (_, ca, _), child(_publisher, "b") as (_, cb, _):
     sa, sb = msgq.sub_sock("a", poller=poller), msgq.sub_sock("b", poller=poller)
@@ -310,13 +360,14 @@ def _rss() -> int:
   with open("/proc/self/status") as f:
     return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS:"))
 
-def test_slow_or_dead_subscriber_never_blocks_the_publisher_and_memory_stays_bounded():
-  max_size, size, n = 4 * MiB, MiB, 300
-  pub = msgq.pub_sock("ep", max_size)
-  with child(_subscriber, "ep", "idle") as (_, _, _), child(_subscriber, "ep", "idle") as (stopped, _, _), \
-       child(_subscriber, "ep", "count") as (_, healthy, _):
+def test_slow_or_dead_subscriber_never_blocks_the_publisher_and_memory_stays_bounded(transport):
+  """zmq keeps a queue per subscriber in the publisher, bounded in bytes; shm has one ring for all, its file."""
+  segment, size, n = 4 * MiB, MiB, 300
+  pub = msgq.pub_sock("ep", segment)
+  with child(_subscriber, "ep", "idle", segment_size=segment) as (_, _, _), child(_subscriber, "ep", "idle", segment_size=segment) as (stopped, _, _), \
+       child(_subscriber, "ep", "count", segment_size=segment) as (_, healthy, _):
     os.kill(stopped.pid, signal.SIGSTOP)
-    assert pub.wait_for_readers(5)
+    pub.wait_for_readers(5)
     template = bytearray(os.urandom(size))
     pub.send(bytes(template))   # first allocation outside the measurement
     before, t = _rss(), time.monotonic()
@@ -325,7 +376,7 @@ def test_slow_or_dead_subscriber_never_blocks_the_publisher_and_memory_stays_bou
       pub.send(template)   # a mutable buffer: copied, so every queued message is its own MiB
     elapsed, growth = time.monotonic() - t, _rss() - before
     # each of the three subscribers may hold at most a high-water mark of messages in the publisher
-    budget = 3 * queue_len(size) * size + 64 * MiB
+    budget = 3 * queue_len(msgq.max_message(segment)) * size + 64 * MiB if transport == "zmq" else 16 * MiB
     assert growth <= budget, f"publisher RSS grew {growth / MiB:.0f} MiB sending {n} MiB to stalled readers (budget {budget / MiB:.0f})"
     assert elapsed < 20, f"publisher took {elapsed:.1f} s for {n} sends: stalled readers slowed it"
     # the publisher kept going: the healthy reader gets a message sent after all that
@@ -337,12 +388,12 @@ def test_slow_or_dead_subscriber_never_blocks_the_publisher_and_memory_stays_bou
     os.kill(stopped.pid, signal.SIGCONT)
   pub.close()
 
-def test_a_burst_of_10000_messages_from_another_process_all_arrive_in_order():
-  """On an endpoint outside the services table (16 MiB max_size): the queues are bounded in bytes, not by the
-  largest message the endpoint allows, so a reader that keeps reading loses nothing."""
-  n, size = 10_000, 1024
-  with child(_publisher, "ep") as (_, conn, _):
-    sub = msgq.sub_sock("ep", timeout=2000)
+def test_a_burst_that_fits_the_queues_from_another_process_all_arrives_in_order():
+  """zmq: a reader that keeps reading loses nothing of a burst its queues hold (here on a service's segment: at least
+  QUEUE_BYTES of its largest messages, 786 of them, in the publisher, and as much again in the subscriber)."""
+  n, size = queue_len(msgq.max_message(SMALL)), 1024
+  with child(_publisher, "ep", segment_size=SMALL) as (_, conn, _):
+    sub = msgq.sub_sock("ep", timeout=2000, segment_size=SMALL)
     assert ask(conn, ("burst", (n, size))) == "sent"
     got = []
     while len(got) < n and (m := sub.receive()) is not None: got.append(m)
@@ -350,65 +401,34 @@ def test_a_burst_of_10000_messages_from_another_process_all_arrive_in_order():
     assert got == [i.to_bytes(4, "little") * (size // 4) for i in range(n)]
   sub.close()
 
-def test_queues_are_resized_once_per_size_class():
-  """Each re-size of live queues risks libzmq 4.3.5's crash: a publisher whose messages grow one byte at a time from
-  1,000 to 5,000 re-sizes at each power of two it passes (512, 1,024, 2,048, 4,096), not at each new largest message;
-  each mark still holds QUEUE_BYTES of the largest message of its class."""
-  pub, marks = msgq.pub_sock("ep"), []
-  for n in range(1000, 5001):
-    pub.send(bytes(n))
-    if (hwm := pub._st.sock.getsockopt(zmq.SNDHWM)) != (marks or [None])[-1]: marks.append(hwm)
-  assert marks == [queue_len(512), queue_len(1024), queue_len(2048), queue_len(4096)]
-  for size_class, hwm in zip((512, 1024, 2048, 4096), marks):   # at least QUEUE_BYTES of its smallest, at most 4x of its largest
-    assert hwm // 2 * (size_class + MSG_OVERHEAD) >= QUEUE_BYTES and hwm * (2 * size_class + MSG_OVERHEAD) <= 4 * QUEUE_BYTES + 4 * size_class
-  pub.close()
-
-def test_a_subscriber_that_connects_after_the_size_class_grew_gets_the_bounded_queue():
-  """libzmq gives a connection the mark its listener was bound with. A subscriber that connects after the first 1 MiB
-  message and reads nothing while 600 more are sent finds the queue of that size class: at least half the publisher's
-  mark for 1 MiB, at most that mark and its own. Not the mark of the first bind (sized from the 16 MiB max_size: 16
-  kept), nor no bound at all (an empty message's mark: all 600 kept)."""
-  size, n = MiB, 600
-  pub = msgq.pub_sock("ep")
+def test_a_reader_that_reads_nothing_of_a_burst_gets_at_least_786_messages_of_a_service():
+  """What docs/RELIABILITY.md promises: the publisher's queue for a subscriber holds at least QUEUE_BYTES of the
+  endpoint's largest message, counting MSG_OVERHEAD per message: 786 messages of a service of the 250 KiB segment (its
+  high-water mark is twice that: libzmq may count it full at half). Twice the mark is sent while the subscriber reads
+  nothing; then it reads what the queues kept."""
+  size, largest = 1024, msgq.max_message(SMALL)
+  assert (floor := math.ceil(QUEUE_BYTES / (largest + MSG_OVERHEAD))) == 786 and queue_len(largest) == 2 * floor
+  pub, sub = msgq.pub_sock("ep", SMALL), msgq.sub_sock("ep", timeout=2000, segment_size=SMALL)
   msg = bytearray(size)
-  pub.send(msg)   # sets the size class, and with it the mark of every later connection
-  sub = msgq.sub_sock("ep", timeout=1000)
-  assert sub.confirmed
-  for i in range(n):
-    msg[:4] = i.to_bytes(4, "little")
-    pub.send(msg)
-  got = []
-  while (m := sub.receive()) is not None: got.append(int.from_bytes(m[:4], "little"))
-  bound = queue_len(size) + queue_len(msgq.DEFAULT_MAX_SIZE) + 4   # + what the kernel's socket buffer holds
-  assert queue_len(size) // 2 <= len(got) <= bound, f"the late subscriber kept {len(got)} of {n} messages of 1 MiB (bound {bound})"
-  assert got == list(range(len(got)))
-  pub.close(); sub.close()
-
-def test_a_reader_that_reads_nothing_of_a_burst_gets_at_least_58255_messages_of_1_KiB():
-  """What docs/RELIABILITY.md promises: the publisher's queue for a subscriber holds at least QUEUE_BYTES, counting
-  MSG_OVERHEAD per message, i.e. 58,255 messages of 1 KiB (its high-water mark is twice that: libzmq may count it
-  full at half). Twice the mark is sent while the subscriber reads nothing; then it reads what the queues kept."""
-  size = 1024
-  assert (floor := math.ceil(QUEUE_BYTES / (size + MSG_OVERHEAD))) == 58_255 and queue_len(size) == 2 * floor
-  pub, sub = msgq.pub_sock("ep"), msgq.sub_sock("ep", timeout=2000)
-  msg = bytearray(size)
-  for i in range(2 * queue_len(size)):
+  for i in range(2 * queue_len(largest)):
     msg[:4] = i.to_bytes(4, "little")
     pub.send(msg)
   got = []
   while (m := sub.receive()) is not None: got.append(int.from_bytes(m[:4], "little"))
   assert len(got) >= floor, f"expected at least {floor} messages of {size} bytes kept, got {len(got)}"
-  assert got == list(range(len(got))), "the queue did not keep the oldest messages in order"
+  # the oldest first, in order: the subscriber's queue, then (after what neither held) the publisher's
+  assert got[0] == 0 and all(a < b for a, b in zip(got, got[1:])), "the queues did not keep messages in order"
   pub.close(); sub.close()
 
 def test_a_reader_stopped_for_10s_neither_blocks_the_publisher_nor_grows_its_memory():
   """A reader SIGSTOPped for 10 s while the publisher sends 64 KiB messages all along, next to a healthy reader. The
   publisher keeps sending far more than the stopped reader's queue holds, its memory grows by at most the two queues,
-  and once resumed the reader gets what its queue held: at least QUEUE_BYTES (here 1,023 messages)."""
+  and once resumed the reader gets what its queue held: at least QUEUE_BYTES of the endpoint's largest message (the
+  default 1 MiB segment's: 192 messages)."""
   size, stop_s = 64 * 1024, 10
   pub = msgq.pub_sock("ep")
   with child(_subscriber, "ep", "count") as (stopped, sconn, _), child(_subscriber, "ep", "count") as (_, healthy, _):
-    assert pub.wait_for_readers(5)
+    pub.wait_for_readers(5)
     msg = bytearray(os.urandom(size))   # mutable: copied at each send, so every queued message is its own 64 KiB
     pub.send(msg)
     deadline = time.monotonic() + 5
@@ -424,9 +444,10 @@ def test_a_reader_stopped_for_10s_neither_blocks_the_publisher_nor_grows_its_mem
       time.sleep(0.005)
     growth = _rss() - before
     os.kill(stopped.pid, signal.SIGCONT)
-    queue = math.ceil(QUEUE_BYTES / (size + MSG_OVERHEAD))   # messages a queue holds at least
-    assert sent > 10 * queue_len(size), f"only {sent} sends in {stop_s} s: the publisher was held up"
-    budget = 2 * queue_len(size) * (size + MSG_OVERHEAD) + 32 * MiB   # the stopped reader's queue and the healthy one's, at most
+    largest = msgq.max_message(0)
+    queue = math.ceil(QUEUE_BYTES / (largest + MSG_OVERHEAD))   # messages a queue holds at least
+    assert queue == 192 and sent > 10 * queue_len(largest), f"only {sent} sends in {stop_s} s: the publisher was held up"
+    budget = 2 * queue_len(largest) * (size + MSG_OVERHEAD) + 32 * MiB   # the stopped reader's queue and the healthy one's, at most
     assert growth <= budget, f"publisher RSS grew {growth / MiB:.0f} MiB in {sent} sends (budget {budget / MiB:.0f} MiB)"
     deadline = time.monotonic() + 10
     while (got := ask(sconn, ("?", None))[0] - before_n) < queue: assert time.monotonic() < deadline, f"resumed reader got {got} of {queue}"
@@ -438,35 +459,39 @@ def test_a_reader_stopped_for_10s_neither_blocks_the_publisher_nor_grows_its_mem
 
 # ---- sizes ----
 
-def test_large_messages_go_through_intact():
-  big = os.urandom(12 * MiB)   # larger than any service's, on an endpoint with the default max_size
-  with child(_publisher, "ep") as (_, conn, _):
-    sub = msgq.sub_sock("ep", timeout=5000)
+def test_large_messages_go_through_intact(transport):
+  big = os.urandom(12 * MiB)   # larger than any service's: a segment of 40 MiB takes it
+  with child(_publisher, "ep", segment_size=40 * MiB) as (_, conn, _):
+    sub = msgq.sub_sock("ep", timeout=5000, segment_size=40 * MiB)
     assert ask(conn, ("send", [big, b"small"])) == "sent"
     got = sub.receive()
     assert len(got) == len(big) and hashlib.sha256(got).digest() == hashlib.sha256(big).digest()
     assert sub.receive() == b"small"
   sub.close()
 
-def test_publisher_refuses_messages_over_its_max_size():
-  pub = msgq.pub_sock("ep", max_size=1000)
-  pub.send(b"x" * 1000)
-  with pytest.raises(ValueError, match="1001 bytes.*max_size 1000"): pub.send(b"x" * 1001)
+def test_publisher_refuses_empty_messages_and_those_over_a_third_of_its_segment(transport):
+  """openpilot's readers abort on an empty message, its writer on one over a third of the segment: refused here."""
+  pub = msgq.pub_sock("ep", 4800)
+  pub.send(b"x" * 1592)
+  with pytest.raises(ValueError, match="1593 bytes.*1592"): pub.send(b"x" * 1593)
+  with pytest.raises(ValueError, match="empty message"): pub.send(b"")
   pub.close()
 
-def test_subscriber_refuses_messages_over_its_max_size():
-  with child(_publisher, "ep") as (_, conn, _):   # the publisher allows 16 MiB
-    sub = msgq.sub_sock("ep", timeout=1000, max_size=64 * 1024)
-    assert ask(conn, ("send", [b"a" * (64 * 1024 + 1), b"b" * 64 * 1024])) == "sent"
-    assert sub.receive() == b"b" * 64 * 1024   # the larger one was refused, the next one is delivered
-    assert sub.refused == 1
-    assert ask(conn, ("send", [b"c" * (4 * 64 * 1024), b"ok"])) == "sent"
-    assert sub.receive() == b"ok" and sub.refused == 2
+def test_zmq_subscriber_refuses_messages_over_its_segments_largest():
+  """A zmq publisher with another services table (a larger segment) cannot make a subscriber take more."""
+  m = msgq.max_message(SMALL)
+  with child(_publisher, "ep") as (_, conn, _):   # the publisher takes up to 349,512 bytes
+    sub = msgq.sub_sock("ep", timeout=1000, segment_size=SMALL)
+    assert ask(conn, ("send", [b"a" * (m + 1), b"b" * m])) == "sent"
+    assert sub.receive() == b"b" * m   # the larger one was refused, the next one is delivered
+    assert sub._s.refused == 1
+    assert ask(conn, ("send", [b"c" * (4 * m), b"ok"])) == "sent"
+    assert sub.receive() == b"ok" and sub._s.refused == 2
   sub.close()
 
 # ---- publisher restart ----
 
-def test_subscriber_survives_publisher_restart_across_processes():
+def test_subscriber_survives_publisher_restart_across_processes(transport):
   sub = msgq.sub_sock("ep", timeout=100)
   for gen in (b"first", b"second"):   # the second publisher starts after the first was SIGKILLed
     with child(_publisher, "ep") as (p, conn, _):
@@ -475,7 +500,7 @@ def test_subscriber_survives_publisher_restart_across_processes():
       os.kill(p.pid, signal.SIGKILL)
   sub.close()
 
-def test_subscriber_survives_publisher_restart_in_same_process():
+def test_subscriber_survives_publisher_restart_in_same_process(transport):
   sub = msgq.sub_sock("ep", timeout=10)
   for gen in (b"first", b"second", b"third"):
     pub = msgq.pub_sock("ep")
@@ -488,11 +513,12 @@ def test_subscriber_survives_publisher_restart_in_same_process():
 
 # ---- openpilot's bytes on the wire ----
 
-@pytest.mark.parametrize("tcp", [False, True], ids=["ipc", "tcp"])
-def test_a_plain_zmq_subscriber_receives_only_the_events_sent(monkeypatch, tcp):
+@pytest.mark.parametrize("kind,tcp", [("zmq", False), ("zmq", True), ("shm", True)], ids=["zmq-ipc", "zmq-tcp", "shm-tcp"])
+def test_a_plain_zmq_subscriber_receives_only_the_events_sent(monkeypatch, kind, tcp):
   """What an openpilot process or a script with a plain ZMQ SUB sees, over ipc or (MSGQ_TCP=1) TCP: the Events the
   publisher sent, each parsable by cereal, and nothing else (no frame of msgq's own)."""
   from cereal import messaging
+  monkeypatch.setenv("MSGQ_TRANSPORT", kind)
   if tcp: monkeypatch.setenv("MSGQ_TCP", "1")   # before the child starts: it inherits the environment
   events = []
   for i in range(5):
@@ -504,7 +530,8 @@ def test_a_plain_zmq_subscriber_receives_only_the_events_sent(monkeypatch, tcp):
   raw.setsockopt(zmq.SUBSCRIBE, b"")
   with child(_publisher, "carState") as (_, conn, _):
     raw.connect(f"tcp://127.0.0.1:{msgq.tcp_port('carState')}" if tcp else "ipc://" + os.path.join(msgq.runtime_dir(), "carState"))
-    assert ask(conn, ("readers", 5.0)) is True   # the plain SUB's subscription is applied
+    if kind == "zmq": assert ask(conn, ("readers", 5.0)) is True   # the plain SUB's subscription is applied
+    else: time.sleep(0.5)   # a PUB applies it on its own thread
     assert ask(conn, ("send", events)) == "sent"
     got = [raw.recv() for _ in events]
   raw.close()
@@ -513,14 +540,14 @@ def test_a_plain_zmq_subscriber_receives_only_the_events_sent(monkeypatch, tcp):
 
 # ---- TCP ----
 
-def test_tcp_only_when_enabled(monkeypatch):
+def test_tcp_only_when_enabled(monkeypatch, transport):
   monkeypatch.delenv("MSGQ_TCP", raising=False)
   pub = msgq.pub_sock("ep")
   with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", msgq.tcp_port("ep")), timeout=1): pass
   pub.close()
 
 @pytest.mark.parametrize("listen,addr", [("1", "localhost"), ("127.0.0.2", "127.0.0.2")])
-def test_remote_subscriber_over_tcp(monkeypatch, listen, addr):
+def test_remote_subscriber_over_tcp(monkeypatch, transport, listen, addr):
   monkeypatch.setenv("MSGQ_TCP", listen)
   with child(_publisher, "ep") as (_, conn, _):
     sub = msgq.sub_sock("ep", addr=addr, timeout=100)

@@ -5,7 +5,7 @@ import capnp
 
 from cereal import log
 from cereal.services import SERVICES
-from msgq import (DEFAULT_MAX_SIZE, IpcError, MultiplePublishersError, Poller, PubSocket, SubSocket, drain_sock_raw,
+from msgq import (IpcError, MultiplePublishersError, Poller, PubSocket, SubSocket, drain_sock_raw,
                   pub_sock as _pub_sock, sub_sock as _sub_sock)
 
 logger = logging.getLogger("cereal.messaging")
@@ -21,8 +21,9 @@ class UnknownMemberError(MalformedMessageError):
     super().__init__(msg)
     self.logMonoTime, self.valid = log_mono_time, valid
 
-def _max_size(endpoint: str) -> int:
-  return SERVICES[endpoint].max_size if endpoint in SERVICES else DEFAULT_MAX_SIZE
+def _segment_size(endpoint: str) -> int:
+  """As openpilot's: the service's queue size; 0 (msgq's default) for an endpoint outside the table."""
+  return SERVICES[endpoint].queue_size if endpoint in SERVICES else 0
 
 def new_message(service: str | None = None, size: int | None = None, **kwargs) -> capnp.lib.capnp._DynamicStructBuilder:
   """A new Event with logMonoTime set; with a service, its union member initialised (size: list length)."""
@@ -72,11 +73,11 @@ def log_from_bytes(dat: bytes, struct=log.Event, expect: str | None = None):
   return ev
 
 def pub_sock(endpoint: str) -> PubSocket:
-  return _pub_sock(endpoint, max_size=_max_size(endpoint))
+  return _pub_sock(endpoint, _segment_size(endpoint))
 
 def sub_sock(endpoint: str, poller: Poller | None = None, addr: str = "127.0.0.1", conflate: bool = False,
              timeout: int | None = None) -> SubSocket:
-  return _sub_sock(endpoint, poller=poller, addr=addr, conflate=conflate, timeout=timeout, max_size=_max_size(endpoint))
+  return _sub_sock(endpoint, poller=poller, addr=addr, conflate=conflate, timeout=timeout, segment_size=_segment_size(endpoint))
 
 def drain_sock(sock: SubSocket, wait_for_one: bool = False) -> list:
   return [log_from_bytes(m) for m in drain_sock_raw(sock, wait_for_one)]
@@ -104,7 +105,9 @@ class PubMaster:
     self.sock[s].send(dat if isinstance(dat, (bytes, bytearray, memoryview)) else dat.to_bytes())
 
   def wait_for_readers_to_update(self, s: str, timeout: float, dt: float = 0.05) -> bool:
-    return self.sock[s].wait_for_readers(timeout)
+    try: self.sock[s].wait_for_readers(timeout, dt)
+    except TimeoutError: return False
+    return True
 
   def all_readers_updated(self, s: str) -> bool:
     return self.sock[s].all_readers_updated()

@@ -1,0 +1,364 @@
+"""The zmq transport: ZMQ `ipc://` sockets in a private per-user runtime directory (one folder per OPENPILOT_PREFIX), TCP
+for remote subscribers and, with MSGQ_TCP, publishers that serve them. Nothing but the messages goes on the wire, so a
+plain ZMQ SUB (openpilot's bridge, a script) reads openpilot's bytes. Delivery is asynchronous (an I/O thread).
+Guarantees and how they are kept: docs/MSGQ.md; each has a test in tests/test_msgq.py.
+"""
+import errno, fcntl, logging, math, mmap, os, select, socket, struct, sys, threading, time
+import zmq
+from msgq.pubsub import IpcError, MultiplePublishersError, max_message, prefix, tcp_port
+
+QUEUE_BYTES = 64 * 1024 * 1024        # what one socket's queue for one peer holds at least (and at most twice)
+MSG_OVERHEAD = 128                    # bytes libzmq spends per queued message besides its data (measured: 48-126)
+RECONNECT_IVL_MAX_S = 0.5             # a subscriber re-tries a missing publisher at least this often
+PUMP_S = 0.1                          # a publisher's thread applies subscriptions and looks for a newer publisher this often
+ZERO_COPY_MIN = 64 * 1024             # bytes objects this large are sent without a copy (pyzmq: slower below)
+IN_FLIGHT_WAIT_MS = 100               # a receive waits this long at most for messages its publisher has sent
+LIVE_TOPIC = b"\xffmsgq-live:"        # + a token: a subscription that asks to hear when the one before it is live
+LIVE_ADDR = b"\0msgq-live-"           # + the token: where the subscriber waits to hear it (abstract: no file to clean up)
+_UCRED = struct.Struct("3i")          # struct ucred: pid, uid, gid
+_OWNER = struct.Struct("<8sQ")        # an endpoint's owner file: its newest publisher's uid, the messages it has sent
+
+logger = logging.getLogger("msgq")
+
+def runtime_dir() -> str:
+  """Per-user directory (0700) holding the ipc sockets and publisher locks of this prefix."""
+  root = os.environ.get("MSGQ_RUNTIME_DIR") or \
+         (os.path.join(os.environ["XDG_RUNTIME_DIR"], "msgq") if os.environ.get("XDG_RUNTIME_DIR") else f"/tmp/msgq-{os.getuid()}")
+  path = os.path.join(root, prefix() or "default")
+  if os.getuid() == 0 and (owner := _owner(root)) not in (None, 0):
+    # root looking at another user's stack (a service user's /run/modeld): as it is. A folder made or a mode changed
+    # here would lock that user out of its own stack
+    if not os.path.isdir(path): raise IpcError(f"no stack runs in {path} (its runtime directory {root} belongs to uid {owner})")
+    return path
+  try:
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.stat(root)
+    if st.st_uid != os.getuid():   # someone else made it (e.g. in /tmp): their sockets, not ours
+      raise IpcError(f"runtime directory {root} belongs to uid {st.st_uid}, not to us ({os.getuid()})")
+    for d in (root, path):
+      if os.stat(d).st_mode & 0o077: os.chmod(d, 0o700)
+  except OSError as e: raise IpcError(f"cannot create runtime directory {path}: {e}") from None
+  return path
+
+def _owner(path: str) -> int | None:
+  try: return os.stat(path).st_uid
+  except OSError: return None
+
+def _ipc_path(endpoint: str) -> str:
+  path = os.path.join(runtime_dir(), endpoint)
+  if len(path) > 100: raise IpcError(f"ipc path too long for a unix socket ({len(path)} > 100): {path}")
+  return path
+
+def _locked(path: str) -> int:
+  """An exclusive flock on `path` (created if missing), waiting for it; the fd holds it. Retries when the file was
+  unlinked by its last holder meanwhile (the lock of an unlinked file excludes nobody)."""
+  while True:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+      if os.stat(path).st_ino == os.fstat(fd).st_ino: return fd
+    except FileNotFoundError: pass
+    os.close(fd)
+
+def _tcp_address() -> str | None:
+  """Where publishers serve remote subscribers: MSGQ_TCP '1' is loopback, an address binds that; unset or '0': nowhere."""
+  tcp = os.environ.get("MSGQ_TCP", "")
+  return None if tcp in ("", "0") else "127.0.0.1" if tcp == "1" else tcp
+
+def tcp_publisher(endpoint: str, segment_size: int) -> zmq.Socket | None:
+  """A plain ZMQ PUB on the endpoint's TCP port when MSGQ_TCP asks for one (the shm transport's way to remote readers)."""
+  if (addr := _tcp_address()) is None: return None
+  s = zmq.Context.instance().socket(zmq.PUB)
+  s.setsockopt(zmq.LINGER, 0)
+  s.setsockopt(zmq.SNDHWM, queue_len(max_message(segment_size)))
+  try: s.bind(f"tcp://{addr}:{tcp_port(endpoint)}")
+  except zmq.ZMQError as e:
+    s.close(0)
+    raise IpcError(f"cannot publish {endpoint!r} on tcp://{addr}:{tcp_port(endpoint)}: {e}") from None
+  return s
+
+def queue_len(msg_size: int) -> int:
+  """High-water mark (messages) for a queue of messages up to msg_size bytes (an endpoint's largest) that holds at
+  least QUEUE_BYTES of them (and at least one message). Twice that count: libzmq learns what the other end of a queue
+  took only every hwm/2 messages, so a queue reports full anywhere between half and all of its high-water mark."""
+  return 2 * math.ceil(QUEUE_BYTES / (msg_size + MSG_OVERHEAD))
+
+class _PubState:
+  """What a publisher shares with its pump thread: the thread holds this, never the PubSocket. `owner` maps the
+  endpoint's owner file (_OWNER): this publisher is the endpoint's while its uid is there, and counts what it sent
+  there, so a local subscriber knows what is on its way to it."""
+  def __init__(self, sock: zmq.Socket, path: str, owner: mmap.mmap, uid: bytes):
+    self.sock, self.path, self.owner, self.uid, self.sent = sock, path, owner, uid, 0
+    self.readers, self.mutex, self.closed, self.superseded = 0, threading.Lock(), False, False
+
+  def is_owner(self) -> bool: return self.owner[:8] == self.uid
+
+  def let_go(self) -> None:
+    """A newer publisher took the endpoint: close our socket (its subscribers reconnect to the newer one), leave the
+    socket file, which is the newer one's. Caller holds the mutex."""
+    self.closed = self.superseded = True
+    self.sock.close(0)
+
+  def process(self) -> None:
+    # caller holds the mutex; reading EVENTS makes ZMQ attach new subscribers and queue their (un)subscriptions
+    while self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+      sub = self.sock.recv(zmq.NOBLOCK)
+      kind, topic = sub[:1], sub[1:]
+      if topic.startswith(LIVE_TOPIC):   # never applied, not a reader; its subscriber drops it once it has heard
+        if kind == b"\x01": _tell_live(topic[len(LIVE_TOPIC):], self.owner[:_OWNER.size])
+      elif kind == b"\x01":
+        self.sock.setsockopt(zmq.SUBSCRIBE, topic)
+        self.readers += 1
+      elif kind == b"\x00":   # a subscriber left (our subscribers never unsubscribe while connected)
+        self.sock.setsockopt(zmq.UNSUBSCRIBE, topic)
+        self.readers = max(0, self.readers - 1)
+
+def _tell_live(token: bytes, owner: bytes) -> None:
+  """One datagram to the subscriber waiting on `token`: every subscription it made before the token is applied, and
+  every message after the count in `owner` (the owner file's bytes now) is sent to it. Never blocks the publisher: a
+  subscriber that stopped waiting (timed out, gone) simply misses it."""
+  with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+    s.setblocking(False)
+    try: s.sendto(b"\x01" + owner, LIVE_ADDR + token)
+    except OSError: pass   # nobody waits there any more (or a foreign token names no socket we could reach)
+
+def _pump(st: _PubState, fd: int, wake: int) -> None:
+  """Applies subscriptions while the application is not sending, and lets go of the endpoint once a newer publisher
+  took it. The PUMP_S timeout: a send() on the application's thread can consume the ZMQ fd's edge while leaving a
+  subscription queued, and a newer publisher says nothing."""
+  while True:
+    try: ready = select.select([fd, wake], [], [], PUMP_S)[0]
+    except (OSError, ValueError): return
+    if wake in ready: return
+    with st.mutex:
+      if st.closed: return
+      if not st.is_owner():
+        st.let_go()
+        return
+      try: st.process()
+      except zmq.ZMQError: return
+
+class PubSocket:
+  transport = "zmq"
+
+  def __init__(self, endpoint: str, segment_size: int):
+    """Take the endpoint, newest first: bind its ipc path (libzmq replaces the socket file of an older or dead
+    publisher) and write our uid into its owner file, under the endpoint's lock. The owner file's shared flock, held
+    for life, tells subscribers a publisher is up."""
+    self.endpoint, self.path, self.max_size = endpoint, (path := _ipc_path(endpoint)), max_message(segment_size)
+    uid, lock = os.urandom(8), _locked(path + ".lock")
+    owner_fd, s = None, None
+    try:
+      owner_fd = os.open(path + ".pub", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+      fcntl.flock(owner_fd, fcntl.LOCK_SH)
+      if os.fstat(owner_fd).st_size < _OWNER.size: os.ftruncate(owner_fd, _OWNER.size)
+      owner = mmap.mmap(owner_fd, _OWNER.size)
+      s = zmq.Context.instance().socket(zmq.XPUB)
+      s.setsockopt(zmq.LINGER, 0)
+      # set once, before the bind: libzmq 4.3.5 can crash re-sizing the queues of live connections (docs/MSGQ.md)
+      s.setsockopt(zmq.SNDHWM, queue_len(self.max_size))
+      s.setsockopt(zmq.XPUB_NODROP, 0)
+      # manual subscriptions: every subscribe reaches us (a reader count, token topics) and takes effect when we apply
+      # it. Not XPUB_MANUAL_LAST_VALUE: that sends the next message after a subscription to its subscriber alone
+      s.setsockopt(zmq.XPUB_MANUAL, 1)
+      s.bind("ipc://" + path)
+      if (tcp := _tcp_address()) is not None: s.bind(f"tcp://{tcp}:{tcp_port(endpoint)}")
+      _OWNER.pack_into(owner, 0, uid, 0)
+    except (zmq.ZMQError, OSError) as e:
+      if s is not None: s.close(0)
+      if owner_fd is not None: os.close(owner_fd)
+      raise IpcError(f"cannot publish {endpoint!r}: {e}") from None
+    finally: os.close(lock)
+    self._owner_fd, self._wake, self._st = owner_fd, os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK), _PubState(s, path, owner, uid)
+    self._pump = threading.Thread(target=_pump, args=(self._st, s.getsockopt(zmq.FD), self._wake), name=f"msgq-pub-{endpoint}", daemon=True)
+    self._pump.start()
+
+  @property
+  def readers(self) -> int: return self._st.readers
+
+  def send(self, data: bytes | bytearray | memoryview) -> int:
+    """Queue data for every subscriber; never blocks (a subscriber whose queue is full misses it).
+    bytes are sent without a copy when large; mutable buffers are copied, so the caller may reuse them."""
+    n = data.nbytes if isinstance(data, memoryview) else len(data)
+    if n == 0: raise ValueError(f"{self.endpoint}: an empty message (openpilot's readers abort on one)")
+    if n > self.max_size: raise ValueError(f"{self.endpoint}: a message of {n} bytes is larger than its segment takes ({self.max_size})")
+    st = self._st
+    with st.mutex:
+      if not st.closed and not st.is_owner(): st.let_go()
+      if st.superseded: raise MultiplePublishersError(f"{self.endpoint}: a newer publisher took the endpoint ({self.path})")
+      if st.closed: raise IpcError(f"send on closed publisher {self.endpoint!r}")
+      st.sock.send(data, copy=not (isinstance(data, bytes) and n >= ZERO_COPY_MIN))
+      st.sent += 1
+      _OWNER.pack_into(st.owner, 0, st.uid, st.sent)
+    return n
+
+  def taken_over(self) -> bool: return self._st.superseded or (not self._st.closed and not self._st.is_owner())
+
+  def all_readers_updated(self) -> bool:
+    """True when at least one reader is subscribed. ZMQ delivers every message to every subscribed reader in
+    order but cannot report what a reader consumed, so this cannot mean more than openpilot's 'has readers'."""
+    with self._st.mutex:
+      if self._st.closed: return False
+      self._st.process()
+      return self._st.readers > 0
+
+  def close(self) -> None:
+    """Stop the pump, close the socket; if still the endpoint's owner, remove its files. Idempotent; also runs when
+    the last reference goes."""
+    if (st := getattr(self, "_st", None)) is None or self._wake is None: return
+    # at interpreter exit the pump (a daemon thread) may be frozen holding the mutex: the process's end frees all
+    if not st.mutex.acquire(timeout=0 if sys.is_finalizing() else -1): return
+    try:
+      if not st.closed: st.closed = True; st.sock.close(0)
+    finally: st.mutex.release()
+    os.eventfd_write(self._wake, 1)
+    if not sys.is_finalizing(): self._pump.join()   # at interpreter exit a daemon thread can no longer run to its end
+    try: lock = _locked(self.path + ".lock")
+    except OSError: lock = None   # its runtime directory was removed under us: nothing left to remove
+    if lock is not None:
+      try:
+        if st.is_owner():
+          for f in (self.path, self.path + ".pub", self.path + ".lock"):   # the .lock last: we hold it (see _locked)
+            try: os.unlink(f)
+            except FileNotFoundError: pass
+      finally: os.close(lock)
+    st.owner.close()
+    os.close(self._owner_fd)
+    os.close(self._wake)
+    self._wake = None
+
+class SubSocket:
+  transport = "zmq"
+
+  def __init__(self, endpoint: str, address: str | None, conflate: bool, segment_size: int, wait: float = 2.0):
+    """Subscribe. If a local publisher is up, return only once the subscription is live (at most `wait` s);
+    `confirmed` says whether the publisher confirmed that in time."""
+    self.endpoint, self.conflate, self.max_size, self.refused = endpoint, conflate, max_message(segment_size), 0
+    self.timeout, self._pending, self._rcvtimeo, self.confirmed = None, None, -1, False
+    self._owner, self._base, self._got = None, None, 0   # what the publisher had sent when it confirmed us; taken since
+    # Larger messages than max_size are refused here, after arrival: ZMQ's own limit (MAXMSGSIZE) would end the
+    # connection for good. It is kept at 4x, only to bound the memory a foreign publisher can make us queue.
+    s = zmq.Context.instance().socket(zmq.SUB)
+    s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.RCVHWM, queue_len(self.max_size))
+    s.setsockopt(zmq.MAXMSGSIZE, 4 * self.max_size)
+    s.setsockopt(zmq.RECONNECT_IVL, 20)
+    s.setsockopt(zmq.RECONNECT_IVL_MAX, int(RECONNECT_IVL_MAX_S * 1000))
+    # conflate: receive() drains the queue for its newest message. Not libzmq's ZMQ_CONFLATE, whose one-message pipe
+    # has been seen to leave a frame unread by a blocking receive until the next one came (a lockstep camera then
+    # waits forever for the answer to it)
+    s.setsockopt(zmq.SUBSCRIBE, b"")
+    local = address in (None, "", "127.0.0.1")
+    path = _ipc_path(endpoint) if local else None
+    s.connect(("ipc://" + path) if local else f"tcp://{address}:{tcp_port(endpoint)}")
+    self.sock = s
+    # the publisher's answer counts from our uid, or the uid its socket file belongs to (root reading a service's stack)
+    if local and wait > 0 and _publisher_alive(path) and (told := _wait_live(s, wait, {os.getuid(), _owner(path)} - {None})):
+      self.confirmed = True
+      try:
+        fd = os.open(path + ".pub", os.O_RDONLY | os.O_CLOEXEC)
+        try: self._owner = mmap.mmap(fd, _OWNER.size, prot=mmap.PROT_READ)
+        finally: os.close(fd)
+        self._base = _OWNER.unpack(told[1:1 + _OWNER.size])
+      except (OSError, ValueError, struct.error): pass   # gone meanwhile, or an older publisher: no count to follow
+
+  def _recv(self, timeout: int = 0) -> bytes | None:
+    """The next message, skipping refused ones; waits up to timeout ms (0: not at all, -1: forever).
+    A blocking recv with a timeout, not poll + recv: one wake-up per message."""
+    if self.sock is None: raise IpcError(f"receive on closed subscriber {self.endpoint!r}")
+    deadline = None if timeout < 0 else time.monotonic() + timeout / 1000
+    while True:
+      if timeout != self._rcvtimeo: self.sock.setsockopt(zmq.RCVTIMEO, timeout); self._rcvtimeo = timeout
+      try: msg = self.sock.recv(copy=True)
+      except zmq.Again:   # libzmq's clock is coarse: it may give up before the deadline
+        if deadline is None or (left := deadline - time.monotonic()) <= 0: return None
+        timeout = max(1, math.ceil(left * 1000))
+        continue
+      self._got += 1
+      if len(msg) > self.max_size:
+        self.refused += 1
+        logger.warning("%s: refused a message of %d bytes (larger than its segment takes: %d; %d refused so far)",
+                       self.endpoint, len(msg), self.max_size, self.refused)
+      else: return msg
+      if deadline is not None: timeout = max(0, int((deadline - time.monotonic()) * 1000))
+
+  def in_flight(self) -> int:
+    """Messages the publisher has sent us that have not arrived yet (0 when it cannot tell: a remote or unconfirmed
+    subscriber, or another publisher since)."""
+    if self._base is None: return 0
+    uid, sent = _OWNER.unpack(self._owner)
+    if uid != self._base[0]: self._base = None; return 0
+    return sent - self._base[1] - self._got
+
+  def _next(self, timeout: int) -> bytes | None:
+    """_recv(timeout); with timeout 0, waits for a message its publisher has sent already (ZMQ delivers on I/O
+    threads): as on the shm transport, what was sent before a receive is there for it. A message that never comes
+    (dropped at the high-water mark, or lost with its dead publisher) is given up after IN_FLIGHT_WAIT_MS."""
+    if (msg := self._recv(timeout)) is None and timeout == 0 and self.in_flight() > 0:
+      if (msg := self._recv(IN_FLIGHT_WAIT_MS)) is None and (lost := self.in_flight()) > 0: self._base = (self._base[0], self._base[1] + lost)
+    return msg
+
+  def receive(self, non_blocking: bool = False) -> bytes | None:
+    msg, self._pending = self._pending, None   # read ahead by a Poller
+    if msg is None: msg = self._next(0 if non_blocking else -1 if self.timeout is None else self.timeout)
+    while self.conflate and msg is not None and (newer := self._next(0)) is not None: msg = newer
+    return msg
+
+  def close(self) -> None:
+    if getattr(self, "sock", None) is not None: self.sock.close(0); self.sock = None
+    if getattr(self, "_owner", None) is not None: self._owner.close(); self._owner = None
+
+def _wait_live(sock: zmq.Socket, wait: float, uids: set[int]) -> bytes | None:
+  """Subscribe `sock` (connected, subscribed to everything) to a fresh token and wait up to `wait` s for its publisher to
+  say that the subscription is live. Its datagram if it did. Abstract socket names are open to every user (and listed in
+  /proc/net/unix): only a datagram the kernel says one of `uids` sent counts (ours, the publisher's socket file's)."""
+  token, deadline = os.urandom(16).hex().encode(), time.monotonic() + wait
+  with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as told:
+    told.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)   # every datagram arrives with its sender's credentials
+    told.bind(LIVE_ADDR + token)   # before the token goes out: the answer cannot come too early
+    sock.setsockopt(zmq.SUBSCRIBE, LIVE_TOPIC + token)
+    try:
+      while select.select([told], [], [], max(0., deadline - time.monotonic()))[0]:
+        if (got := _datagram(told))[0] in uids: return got[1]
+      return None
+    finally: sock.setsockopt(zmq.UNSUBSCRIBE, LIVE_TOPIC + token)   # done: a restarted publisher need not hear it again
+
+def _datagram(s: socket.socket) -> tuple[int | None, bytes]:
+  """The next datagram on `s` (SO_PASSCRED set) and the uid that sent it."""
+  data, ancillary, _, _ = s.recvmsg(64, socket.CMSG_SPACE(_UCRED.size))
+  return next((_UCRED.unpack(d)[1] for level, kind, d in ancillary if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS), None), data
+
+def _publisher_alive(path: str) -> bool:
+  """A publisher holds the endpoint's owner file (a shared flock for its life)."""
+  try: fd = os.open(path + ".pub", os.O_RDONLY | os.O_CLOEXEC)
+  except OSError: return False
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return False
+  except OSError as e: return e.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
+  finally: os.close(fd)
+
+class Poller:
+  """Polls the registered sockets; returns what was registered with each (the facade sockets)."""
+  transport = "zmq"
+
+  def __init__(self): self.poller, self.socks, self.owners = zmq.Poller(), [], []
+
+  def register(self, s: SubSocket, owner) -> None:
+    self.socks.append(s); self.owners.append(owner)
+    self.poller.register(s.sock, zmq.POLLIN)
+
+  def poll(self, timeout: int) -> list:
+    """The owners of the sockets with a message ready, waiting up to timeout ms (-1 forever) for the first one. A ready
+    socket's message is read ahead (so a refused one never counts as ready); receive() returns it."""
+    deadline = None if timeout < 0 else time.monotonic() + timeout / 1000
+    by_sock = {s.sock: s for s in self.socks}
+    for s in self.socks:   # what the publishers sent before this poll is ready for it, as on the shm transport
+      if s._pending is None and s.in_flight() > 0: s._pending = s._next(0)
+    while True:
+      ready = any(s._pending is not None for s in self.socks)
+      left = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+      for zs, ev in self.poller.poll(0 if ready else left):
+        if ev & zmq.POLLIN and (s := by_sock[zs])._pending is None: s._pending = s._recv()
+      if (out := [o for o, s in zip(self.owners, self.socks) if s._pending is not None]) or (deadline is not None and time.monotonic() >= deadline):
+        return out
