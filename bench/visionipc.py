@@ -24,7 +24,7 @@ def producer(mode: str, layout_spec: str, n: int, period: float, ready, go, done
   from msgq.visionipc import VisionIpcServer, NV12Layout, ROAD
   l = NV12Layout.parse(layout_spec)
   src = [np.random.default_rng(i).integers(0, 256, l.size, dtype=np.uint8) for i in range(2)]   # decoded frames to write
-  if mode == "baseline": pub = pub_sock(f"frames_{NAME}", max_size=l.size)
+  if mode == "baseline": pub = pub_sock(f"frames_{NAME}", 4 * l.size)   # a segment that takes a frame
   else:
     srv = VisionIpcServer(NAME)
     srv.create_buffers_with_sizes(ROAD, COUNT, l.width, l.height, l.size, l.stride, l.uv_offset)
@@ -51,17 +51,17 @@ def producer(mode: str, layout_spec: str, n: int, period: float, ready, go, done
 def run(mode: str, layout, n: int, period: float) -> dict:
   from msgq import sub_sock, drain_sock_raw
   from msgq.visionipc import VisionIpcClient, ROAD
-  from msgq.visionipc.wire import MAX_PACKET, endpoint
+  from msgq.visionipc.wire import endpoint
   ctx = mp.get_context("spawn")
   ready, go, done, out = ctx.Event(), ctx.Event(), ctx.Event(), ctx.Queue()
   p = ctx.Process(target=producer, args=(mode, str(layout), n, period, ready, go, done, out), daemon=True)
   p.start()
   assert ready.wait(30), f"{mode} producer did not start"
-  if mode == "baseline": sock = sub_sock(f"frames_{NAME}", max_size=layout.size, timeout=1000)
+  if mode == "baseline": sock = sub_sock(f"frames_{NAME}", segment_size=4 * layout.size, timeout=1000)
   else:
     c = VisionIpcClient(NAME, ROAD, False)
     assert c.connect(True)
-    tap = sub_sock(endpoint(NAME, ROAD), max_size=MAX_PACKET)   # queues all N packets
+    tap = sub_sock(endpoint(NAME, ROAD))   # queues all N packets
   lat, torn, wire = [], 0, 0
   go.set()
   while len(lat) < n:
@@ -84,7 +84,7 @@ def run(mode: str, layout, n: int, period: float) -> dict:
 def main() -> None:
   os.environ["OPENPILOT_PREFIX"] = f"bench-visionipc-{uuid.uuid4().hex[:8]}"
   from msgq.visionipc import NV12Layout
-  from msgq.visionipc.wire import FRAME
+  from msgq.visionipc.wire import PACKET
   layout = NV12Layout.aligned(1928, 1208)
   ratios = {}
   for label, n, period in (("full speed", N, 0.0), ("paced at 20 frames/s", PACED_N, PACED_PERIOD)):
@@ -95,8 +95,8 @@ def main() -> None:
       print(f"  {mode:>9}: send->recv p50 {r['p50']:.3f} ms, p99 {r['p99']:.3f} ms; producer {r['fps']:.0f} frames/s; "
             f"received {r['got']}/{n} ({r['torn']} torn); bytes through the socket per frame {r['wire']:.0f}")
     z, b = res["zero-copy"], res["baseline"]
-    print(f"  frame bytes copied producer->consumer per frame: zero-copy {round(z['wire']) - FRAME.size} ({z['wire']:.0f} through the socket: "
-          f"the {FRAME.size}-byte packet, no pixels), baseline {b['wire']:.0f} (a frame is {layout.size})")
+    print(f"  frame bytes copied producer->consumer per frame: zero-copy {round(z['wire']) - PACKET.size} ({z['wire']:.0f} through the socket: "
+          f"the {PACKET.size}-byte packet, no pixels), baseline {b['wire']:.0f} (a frame is {layout.size})")
     ratios[label] = f"latency p50 {z['p50'] / b['p50']:.4f}, p99 {z['p99'] / b['p99']:.4f}, bytes through the socket {z['wire'] / b['wire']:.6f}"
   print("ratio ours(zero-copy)/baseline: " + "; ".join(f"{k}: {v}" for k, v in ratios.items()))
 

@@ -5,7 +5,7 @@ import hashlib, json, os, pathlib, shlex, shutil, socket, subprocess, threading,
 import numpy as np
 from cereal import messaging
 from msgq import runtime_dir
-from msgq.visionipc.wire import MAGIC, OP_BUFFERS, REQUEST, VERSION
+from msgq.visionipc.wire import REQUEST
 
 MESSAGE_FAULTS = ('garbage', 'truncated', 'wrong type')
 
@@ -82,10 +82,10 @@ HANDSHAKE_FAULTS = ('garbage', 'truncated', 'silent', 'deaf')
 
 def handshake_fault(path: str, kind: str, rng: np.random.Generator) -> socket.socket | None:
   """One connection to a VisionIPC server's handshake socket: random bytes, a request cut short, nothing at all, or a
-  good request whose reply (with the buffers' fd) is never read. The connection is returned open, its reply unread
+  good request whose reply (with the buffers' fds) is never read. The connection is returned open, its reply unread
   (close it later); None if the server refused it."""
   s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-  req = REQUEST.pack(MAGIC, VERSION, OP_BUFFERS, 0)
+  req = REQUEST.pack(0)   # stream 0's buffers
   try:
     s.connect(path)
     if kind == 'garbage': s.send(rng.bytes(int(rng.integers(1, 512))))

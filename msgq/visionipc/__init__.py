@@ -4,6 +4,7 @@ from msgq.visionipc.layout import NV12Layout
 from msgq.visionipc.buffers import VisionBuf
 from msgq.visionipc.server import VisionIpcServer
 from msgq.visionipc.client import VisionIpcClient
+from msgq.visionipc.wire import endpoint as get_endpoint_name
 
 class VisionStreamType(IntEnum):
   """The stream numbers of openpilot's cameras (cereal.services.CAMERAS names each camera's)."""
@@ -16,4 +17,4 @@ class VisionStreamType(IntEnum):
 
 ROAD, DRIVER, WIDE_ROAD = VisionStreamType.ROAD, VisionStreamType.DRIVER, VisionStreamType.WIDE_ROAD
 
-__all__ = ["NV12Layout", "VisionBuf", "VisionIpcServer", "VisionIpcClient", "VisionStreamType", "ROAD", "DRIVER", "WIDE_ROAD"]
+__all__ = ["get_endpoint_name", "NV12Layout", "VisionBuf", "VisionIpcServer", "VisionIpcClient", "VisionStreamType", "ROAD", "DRIVER", "WIDE_ROAD"]

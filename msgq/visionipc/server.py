@@ -1,19 +1,17 @@
-"""VisionIpcServer: owns the camera rings (one memfd per stream), hands them to clients, publishes frames."""
-import atexit, errno, fcntl, json, logging, os, selectors, socket, struct, sys, threading, time, weakref
+"""VisionIpcServer: owns the camera buffers (one sealed memfd each), hands them to clients, publishes frames."""
+import atexit, errno, fcntl, logging, os, selectors, socket, sys, threading, time, weakref
 import numpy as np
 from msgq.pubsub import IpcError, pub_sock
-from msgq.visionipc.buffers import Ring, VisionBuf
-from msgq.visionipc.layout import NV12Layout, align
-from msgq.visionipc.wire import (ALIGN, FRAME, MAGIC, MAX_PACKET, OP_BUFFERS, OP_STREAMS, REQUEST, TRAILER_SPAN, VERSION, check_name,
-                                 check_stream, endpoint, socket_path)
+from msgq.visionipc.buffers import Buffers, VisionBuf
+from msgq.visionipc.layout import NV12Layout
+from msgq.visionipc.wire import BUF, MAX_BUFFERS, PACKET, REQUEST, STREAM_LIST, STREAMS, TRAILER, WRITING, check_name, check_stream, endpoint, socket_path
 
-MAX_BUFFERS = 1024
 HANDSHAKE_TIMEOUT = 1.0   # s a connected client has to send its request; others are served meanwhile
 log = logging.getLogger("msgq.visionipc")
 
 class _Stream:
-  def __init__(self, fd: int, ring: Ring, pub):
-    self.fd, self.ring, self.pub, self.next, self.seq = fd, ring, pub, 0, 0
+  def __init__(self, fds: list[int], bufs: Buffers, pub):
+    self.fds, self.bufs, self.pub, self.next = fds, bufs, pub, 0
     self.handshakes = 0   # clients that took the buffers from this server (counted by the listener thread)
 
 _live: "weakref.WeakSet[VisionIpcServer]" = weakref.WeakSet()
@@ -28,12 +26,12 @@ class VisionIpcServer:
   close() (or `with`, or dropping the last reference, or interpreter exit) removes the socket file; a crashed server's
   stale one is replaced. The listener thread holds the streams, never the server, so no cycle keeps a dropped one alive."""
   def __init__(self, name: str):
-    self._closed, self._thread = True, None   # until the name is ours: close() then has nothing to free
+    self._closed, self._thread, self._sock = True, None, None   # until the name is ours: close() then has nothing to free
     self.name, self.path = check_name(name), socket_path(name)
     self.server_id = int.from_bytes(os.urandom(8), "little") | 1   # never 0
     self._lock_fd = _lock(self.path + ".lock", f"VisionIPC server {name!r} is already running")
     self._streams: dict[int, _Stream] = {}
-    self._sock, self._closed = None, False
+    self._closed = False
     _live.add(self)
 
   def create_buffers(self, stream: int, count: int, width: int, height: int) -> None:
@@ -46,24 +44,26 @@ class VisionIpcServer:
     stream, layout = check_stream(stream), NV12Layout(width, height, stride, uv_offset, size)
     if stream in self._streams: raise IpcError(f"VisionIPC server {self.name!r}: stream {stream} already has buffers")
     if not 1 <= count <= MAX_BUFFERS: raise IpcError(f"VisionIPC buffer count must be in 1..{MAX_BUFFERS}, got {count}")
-    slot = align(size, ALIGN) + TRAILER_SPAN
-    fd = os.memfd_create(f"visionipc_{self.name}_{stream}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    fds = []
     try:
-      os.ftruncate(fd, slot * count)
-      fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)   # no client can SIGBUS us
-      ring = Ring(fd, layout, [i * slot for i in range(count)], align(size, ALIGN), writable=True)
-      self._streams[stream] = _Stream(fd, ring, pub_sock(endpoint(self.name, stream), max_size=MAX_PACKET))
+      for i in range(count):
+        fds.append(fd := os.memfd_create(f"visionipc_{self.name}_{stream}_{i}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING))
+        os.ftruncate(fd, size + TRAILER)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)   # no client can SIGBUS us
+      bufs = Buffers(fds, layout, writable=True, name=f"VisionIPC server {self.name!r}")
+      self._streams[stream] = _Stream(fds, bufs, pub_sock(endpoint(self.name, stream)))
     except BaseException:
-      os.close(fd)
+      for fd in fds: os.close(fd)
       raise
 
   def start_listener(self) -> None:
     """Serve handshakes from a thread of this process; send() never waits for it."""
     if self._sock is not None: return
-    try: os.unlink(self.path)   # we hold the name's lock, so a socket file here is a crashed server's
+    try: os.unlink(self.path)   # we hold the name's lock, so a socket file here is a crashed server's (or openpilot's)
     except FileNotFoundError: pass
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
     s.bind(self.path)
+    self._sock_ino = os.stat(self.path).st_ino   # a newer server that took the path over is not ours to clean up
     s.listen(64)
     self._sock, self._wake = s, os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
     self._thread = threading.Thread(target=_listen, args=(s, self._wake, self.name, self.server_id, self._streams),
@@ -76,30 +76,32 @@ class VisionIpcServer:
     return s
 
   def get_free_buffer(self, stream: int) -> VisionBuf:
-    """The next buffer of the ring, to fill in place (`buf.array` is writable) and then publish(). Clients still
-    holding it see `overwritten()` from now on."""
+    """The next buffer (round robin), to fill in place (`buf.array` is writable) and then publish(). Its frame id reads
+    WRITING from now on, so clients still holding it see `overwritten()`."""
     s = self._stream(stream)
-    idx, s.next = s.next, (s.next + 1) % s.ring.count
-    s.ring.take(idx)
-    return VisionBuf(s.ring, idx, stream)
+    idx, s.next = s.next, (s.next + 1) % s.bufs.count
+    s.bufs.set_frame_id(idx, WRITING)
+    return VisionBuf(s.bufs, idx, stream)
 
   def publish(self, stream: int, buf: VisionBuf, frame_id: int, timestamp_sof: int = 0, timestamp_eof: int = 0, valid: bool = True) -> None:
-    """Make a filled buffer from get_free_buffer() the stream's newest frame. Zero-copy: only its index travels."""
+    """Make a filled buffer from get_free_buffer() the stream's newest frame: its frame id goes after the image, a packet
+    naming it out on the stream's endpoint. Zero-copy."""
     s = self._stream(stream)
-    if buf._ring is not s.ring: raise IpcError(f"VisionIPC publish: buffer {buf.idx} of stream {buf.stream} is not a buffer of stream {stream}")
-    s.seq += 1
-    s.ring.publish(buf.idx, s.seq, frame_id)
-    s.pub.send(FRAME.pack(MAGIC, self.server_id, s.seq, frame_id, timestamp_sof, timestamp_eof, buf.idx, valid))
+    if buf._bufs is not s.bufs: raise IpcError(f"VisionIPC publish: buffer {buf.idx} of stream {buf.stream} is not a buffer of stream {stream}")
+    if not 0 <= frame_id < 1 << 32: raise IpcError(f"VisionIPC frame id must fit the packet's uint32, got {frame_id}")
+    buf.frame_id, buf.timestamp_sof, buf.timestamp_eof, buf.valid = frame_id, timestamp_sof, timestamp_eof, valid
+    s.bufs.set_frame_id(buf.idx, frame_id)
+    s.pub.send(PACKET.pack(self.server_id, buf.idx, frame_id, timestamp_sof, timestamp_eof, valid))
 
-  def send(self, stream: int, data, frame_id: int, timestamp_sof: int = 0, timestamp_eof: int = 0) -> None:
+  def send(self, stream: int, data, frame_id: int = 0, timestamp_sof: int = 0, timestamp_eof: int = 0, valid: bool = True) -> None:
     """Copy one frame (bytes-like or uint8 array of exactly the layout's size) into the next buffer and publish it."""
-    l = self._stream(stream).ring.layout
+    l = self._stream(stream).bufs.layout
     src = data if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)
     if src.dtype != np.uint8 or src.size != l.size:
       raise IpcError(f"VisionIPC send on stream {stream}: expected {l.size} uint8 bytes (layout {l}), got {src.size} of {src.dtype}")
     buf = self.get_free_buffer(stream)
     np.copyto(buf.array, src.reshape(-1))
-    self.publish(stream, buf, frame_id, timestamp_sof, timestamp_eof)
+    self.publish(stream, buf, frame_id, timestamp_sof, timestamp_eof, valid)
 
   def has_readers(self, stream: int) -> bool:
     """A client of this server is subscribed to the stream's frame packets (a lockstep source waits for this before
@@ -118,15 +120,16 @@ class VisionIpcServer:
       if not sys.is_finalizing(): self._thread.join()   # at interpreter exit a daemon thread can no longer run to its end
       os.close(self._wake)
     if self._sock is not None:
-      self._sock.close()
-      try: os.unlink(self.path)
+      try:
+        if os.stat(self.path).st_ino == self._sock_ino: os.unlink(self.path)
       except FileNotFoundError: pass
+      self._sock.close()
     for s in self._streams.values():
       s.pub.close()
-      os.close(s.fd)
-      s.ring.close()   # views the producer still holds keep it mapped until they go
+      for fd in s.fds: os.close(fd)
+      s.bufs.close()   # views the producer still holds keep theirs mapped until they go
     try: os.unlink(self.path + ".lock")   # still locked by us: nobody else can own this file now
-    except FileNotFoundError: pass        # the runtime directory was removed under us
+    except FileNotFoundError: pass        # its folder was removed under us
     os.close(self._lock_fd)
 
   def __enter__(self): return self
@@ -167,20 +170,17 @@ def _listen(lsock: socket.socket, wake: int, name: str, server_id: int, streams:
       for conn in pending: conn.close()
 
 def _serve(conn: socket.socket, name: str, server_id: int, streams: dict[int, _Stream]) -> None:
-  req = conn.recv(64)
-  try: magic, version, op, stream = REQUEST.unpack(req)
-  except struct.error: magic = None
-  if magic != MAGIC or version != VERSION:
-    conn.send(json.dumps({"error": f"expected a VisionIPC v{VERSION} request, got {req[:16]!r}"}).encode())
-  elif op == OP_STREAMS:
-    conn.send(json.dumps({"server_id": server_id, "streams": sorted(streams)}).encode())
-  elif (s := streams.get(stream)) is None or op != OP_BUFFERS:
-    conn.send(json.dumps({"error": f"server {name!r} does not serve stream {stream} (it serves {sorted(streams)})"}).encode())
-  else:
-    r = s.ring
-    socket.send_fds(conn, [json.dumps({"server_id": server_id, "stream": stream, "layout": str(r.layout), "count": r.count,
-                                       "offsets": r.offsets, "trailer_offset": r.trailer_offset}).encode()], [s.fd])
+  """openpilot's protocol: a request of anything but 4 bytes, or for a stream we lack, is closed without a reply."""
+  if len(req := conn.recv(64)) != REQUEST.size: return
+  (stream,) = REQUEST.unpack(req)
+  if stream == STREAM_LIST: conn.send(b"".join(STREAMS.pack(t) for t in sorted(streams)))
+  elif (s := streams.get(stream)) is not None:
+    l = s.bufs.layout
+    records = [BUF.pack(l.size, l.size + TRAILER, 0, 0, fd, l.width, l.height, l.stride, l.uv_offset, 0, 0, server_id, i, stream, 0)
+               for i, fd in enumerate(s.fds)]
+    socket.send_fds(conn, [b"".join(records)], s.fds)
     s.handshakes += 1
+  else: log.info("VisionIPC server %r: a client asked for stream %d; it serves %s", name, stream, sorted(streams))
 
 def _lock(path: str, busy: str) -> int:
   """An exclusive flock on `path`, held as long as the returned fd. Retries if the file was unlinked under us."""

@@ -1,23 +1,26 @@
-"""What a VisionIPC server and its clients agree on: names, the handshake, the frame packet and the buffer trailer.
+"""What a VisionIPC server and its clients agree on, byte for byte as openpilot's (commaai/msgq's visionipc/).
 
-Handshake: a client connects to the server's unix socket (SOCK_SEQPACKET, in msgq's per-prefix runtime directory),
-sends one REQUEST and gets one JSON reply; a buffers reply carries the stream's memfd as SCM_RIGHTS.
-Frames: one FRAME packet per published buffer on the msgq topic `visionipc_<name>_<stream>`.
-Trailer: TRAILER after each buffer's bytes in shared memory; seq 0 means the server is writing the buffer.
+Handshake: a client connects to the server's unix socket (SOCK_SEQPACKET) and sends one native uint32, a stream type or
+STREAM_LIST. It gets the stream list (uint32s), or the stream's buffers: one 112-byte BUF record each, their fds in one
+SCM_RIGHTS message, or nothing at all for a stream the server lacks. Frames: one 48-byte PACKET per published buffer on
+the msgq endpoint `visionipc_<name>_<type>`. Each buffer holds its frame id (uint64) right after the image. docs/VISIONIPC.md
 """
-import json, os, re, socket, struct
-from msgq.pubsub import IpcError, runtime_dir
+import os, re, socket, struct
+from msgq.pubsub import IpcError, prefix, transport
 
-MAGIC = b"VIPC"
-VERSION = 1
-ALIGN = 64             # every buffer (and trailer) starts on a cache line; from_blob needs >= 16 (clang's CPU kernels segfault on less)
-TRAILER_SPAN = 64      # bytes reserved per trailer, so a trailer never shares a cache line with frame bytes
-REQUEST = struct.Struct("<4sBcB")          # magic, version, op, stream
-OP_BUFFERS, OP_STREAMS = b"B", b"S"
-FRAME = struct.Struct("<4sQQQQQI?")        # magic, server_id, seq, frame_id, timestamp_sof, timestamp_eof, idx, valid
-TRAILER = struct.Struct("<QQ")             # seq, frame_id
-MAX_PACKET = 256                           # max_size of the frame topics: room for later fields, a bound on junk
-MAX_REPLY = 1 << 16
+STREAM_LIST = 0xFFFFFFFF      # the request for the list of streams (never a stream type)
+MAX_BUFFERS = 127             # buffers per stream: openpilot's client takes fewer than 128 fds
+MAX_STREAMS = 64              # openpilot's client reads up to 64 stream types
+TRAILER = 8                   # the uint64 frame id after each buffer's image
+WRITING = (1 << 64) - 1       # frame id in the trailer of a buffer the server is filling (ours; openpilot's never sets it)
+REQUEST = struct.Struct("=I")
+STREAMS = struct.Struct("=I")
+# struct VisionBuf (LP64, natural alignment): len, mmap_len, addr, frame_id pointer, fd, width, height, stride, uv_offset,
+# y, uv, server_id, idx, type, handle. Pointers and the fd are the sender's own; a client uses the fds that come with it
+BUF = struct.Struct("=QQQQi4xQQQQQQQQIi")
+# struct VisionIpcPacket: server_id, idx, then VisionIpcBufExtra: frame_id (uint32), timestamp_sof, timestamp_eof, valid
+PACKET = struct.Struct("=QQI4xQQ?7x")
+assert (BUF.size, PACKET.size) == (112, 48)
 
 def check_name(name: str) -> str:
   if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
@@ -25,26 +28,36 @@ def check_name(name: str) -> str:
   return name
 
 def check_stream(stream: int) -> int:
-  if not 0 <= int(stream) <= 255: raise IpcError(f"VisionIPC stream must be in 0..255, got {stream!r}")
+  if not 0 <= int(stream) < STREAM_LIST: raise IpcError(f"VisionIPC stream type must be a uint32 below {STREAM_LIST:#x}, got {stream!r}")
   return int(stream)
 
 def endpoint(name: str, stream: int) -> str: return f"visionipc_{check_name(name)}_{check_stream(stream)}"
 
 def socket_path(name: str) -> str:
+  """shm transport: openpilot's /tmp/[<OPENPILOT_PREFIX>_]visionipc_<name>; zmq: beside msgq's sockets, in its private
+  runtime directory."""
+  if transport() == "shm": return f"/tmp/{prefix() + '_' if prefix() else ''}visionipc_{check_name(name)}"
+  from msgq.zmq import runtime_dir
   path = os.path.join(runtime_dir(), f"visionipc_{check_name(name)}.sock")
   if len(path) > 107: raise IpcError(f"VisionIPC socket path too long for a unix socket ({len(path)} > 107): {path}")
   return path
 
-def request(name: str, op: bytes, stream: int = 0, timeout: float = 2.0) -> tuple[dict, list[int]]:
-  """One handshake round trip. Raises OSError when no server listens (missing or stale socket file)."""
+def request(name: str, stream: int, timeout: float = 2.0) -> tuple[bytes, list[int]]:
+  """One handshake round trip: the reply's bytes and fds (the caller closes them). OSError when no server listens
+  (missing or stale socket file); IpcError for a reply cut short."""
   with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC) as s:
     s.settimeout(timeout)
     s.connect(socket_path(name))
-    s.send(REQUEST.pack(MAGIC, VERSION, op, check_stream(stream)))
-    msg, fds, _, _ = socket.recv_fds(s, MAX_REPLY, 1, socket.MSG_CMSG_CLOEXEC)
-  try: reply = json.loads(msg)
-  except ValueError: reply = None
-  if not isinstance(reply, dict):
+    s.send(REQUEST.pack(stream))
+    msg, fds, flags, _ = socket.recv_fds(s, BUF.size * (MAX_BUFFERS + 1), MAX_BUFFERS + 1, socket.MSG_CMSG_CLOEXEC)
+  if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
     for fd in fds: os.close(fd)
-    raise IpcError(f"VisionIPC server {name!r}: expected a JSON object as handshake reply, got {msg[:64]!r}")
-  return reply, fds
+    raise IpcError(f"VisionIPC server {name!r}: its reply to request {stream:#x} was cut short (flags {flags:#x})")
+  return msg, fds
+
+def streams(name: str) -> set[int]:
+  """The stream types the server serves (OSError when none listens)."""
+  msg, fds = request(name, STREAM_LIST)
+  for fd in fds: os.close(fd)
+  if len(msg) % STREAMS.size: raise IpcError(f"VisionIPC server {name!r}: a stream list of {len(msg)} bytes")
+  return {t for (t,) in STREAMS.iter_unpack(msg)}
