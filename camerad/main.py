@@ -14,7 +14,7 @@ from cereal import log as capnp_log, messaging
 from cereal.services import (ANSWERS, CAMERA_OF_STREAM as CAMERA_OF, CAMERA_STATE_SERVICES, SERVICES, answer_streams,
                              road_streams)
 from msgq import IpcError
-from msgq.pubsub import RECONNECT_IVL_MAX_S
+from msgq.zmq import RECONNECT_IVL_MAX_S
 from msgq.visionipc import NV12Layout, VisionIpcServer
 from msgq.visionipc.server import MAX_BUFFERS
 from camerad.scene import shipped_scenes

@@ -9,13 +9,13 @@ POLL_S = 0.1   # openpilot polls available streams every 0.1 s
 
 def wait_for_streams(server: str, stop: StopFlag, tick: Callable[[], None]) -> set[int] | None:
   """The streams `server` serves, polled every POLL_S until it has some; None if stop was set meanwhile."""
-  from msgq import runtime_dir
+  from msgq.visionipc.wire import socket_path
   from msgq.visionipc import VisionIpcClient
   logged = False
   while not stop:
     if streams := VisionIpcClient.available_streams(server, False): return streams
-    # where it looks: a camerad of another OPENPILOT_PREFIX or runtime directory is never found
-    if not logged: log.info("waiting for camera server %r (in %s)", server, runtime_dir())
+    # where it looks: a camerad of another OPENPILOT_PREFIX, transport or runtime directory is never found
+    if not logged: log.info("waiting for camera server %r (at %s)", server, socket_path(server))
     logged = True
     tick()
     time.sleep(POLL_S)

@@ -35,7 +35,7 @@ environment: NOTIFY_SOCKET, WATCHDOG_USEC (service-manager protocol: READY=1 aft
 WATCHDOG=1 from the frame loop, STATUS=<stats>, and STATUS=stopped with the final totals at exit); OPENPILOT_PREFIX
 (message prefix, as --prefix); DEV (tinygrad device, as --device); JOURNAL_STREAM (set by systemd: log lines carry
 syslog priorities). SIGTERM/SIGINT: finish the frame, exit 0.
-exit codes: 0 stopped by a signal; 1 another {prog} publishes on this prefix already; 2 bad options; 78 the artifact
+exit codes: 0 stopped by a signal; 1 another {prog} took over this prefix's outputs (the newest wins); 2 bad options; 78 the artifact
 cannot serve this machine or camera (checked before waiting for a camera; a tinygrad device that cannot be opened
 included), or its model's outputs could not be parsed for {MAX_BAD_OUTPUTS} frames in a row (the message says what to
 build).""")
@@ -177,6 +177,8 @@ class ModelDaemon:
     self.watchdog.kick()
     self.stats.tick()
     self.update_messages()
+    if taken := [s for s, sock in self.pm.sock.items() if sock.taken_over()]:   # as openpilot's: the newest publisher wins
+      raise MultiplePublishersError(f"{taken[0]}: a newer publisher took the endpoint")
 
   def pause(self, seconds: float) -> None:
     """Wait `seconds` as the frame loop waits: ticking at least every RECV_TIMEOUT_MS, returning once stopped."""

@@ -10,7 +10,7 @@ that has not exited in time, the prefix's socket directory removed; then a summa
 recorded route (modeld-overlay) whose path is printed last.
 """
 from __future__ import annotations
-import argparse, ctypes, json, math, os, shutil, signal, subprocess, sys, time
+import argparse, ctypes, json, math, os, signal, subprocess, sys, time
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -295,10 +295,6 @@ def build_artifacts(artifacts: str, scene) -> None:
   if subprocess.run(cmd, stdin=subprocess.DEVNULL).returncode != 0: raise SystemExit("modeld-demo: the artifact build failed (above)")
   print(f"modeld-demo: artifacts ready in {time.monotonic() - t:.1f} s", flush=True)
 
-def cleanup_runtime_dir() -> None:
-  """The private prefix's socket directory (ipc sockets, publisher locks, the VisionIPC socket): nobody uses it now."""
-  from msgq import runtime_dir
-  shutil.rmtree(runtime_dir(), ignore_errors=True)
 
 def main(argv: list[str] | None = None) -> int:
   args = parse_args(argv)
@@ -365,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     # camera and daemons first, the recorder last so it keeps their final messages
     rcs = stop_children(children[:3]) | stop_children(children[3:])
     for s in socks.values(): s.close()
-    cleanup_runtime_dir()
+    from msgq import remove_stack
+    remove_stack()   # the private prefix's queues, sockets and locks: nobody uses them now
   bad = {n: rc for n, rc in rcs.items() if rc not in (0, -signal.SIGTERM)}
   print(f"modeld-demo: stopped {', '.join(f'{n} ({rc})' for n, rc in rcs.items())}" +
         (f"; unclean: {bad}, logs in {logdir}" if bad else ''))

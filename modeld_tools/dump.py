@@ -81,8 +81,9 @@ class Rates:
 
 def source(addr: str) -> str:
   """Where the messages would come from, as the waiting note names it."""
-  from msgq.pubsub import is_local, runtime_dir
-  if is_local(addr): return f"this machine's stack (OPENPILOT_PREFIX={os.environ.get('OPENPILOT_PREFIX', '')!r}, sockets in {runtime_dir()})"
+  from msgq import is_local, stack_location, transport
+  if is_local(addr):
+    return f"this machine's stack (OPENPILOT_PREFIX={os.environ.get('OPENPILOT_PREFIX', '')!r}, {transport()} transport, in {stack_location()})"
   return f"{addr} over TCP (its publishers need MSGQ_TCP set)"
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ from modeld_service import Stats, add_log_level, StopFlag, Watchdog, notify, set
 from modeld_service.extras import needs_extra
 from cereal import messaging
 from cereal.services import CAMERAS, SERVICES
-from msgq import runtime_dir
+from msgq.visionipc.wire import socket_path
 from msgq.visionipc import VisionIpcClient
 with needs_extra("modeld-record", "tools"):   # zstandard for the logs, PyAV for the video
   from oproute.logreader import message_length, segment_dirs
@@ -106,7 +106,7 @@ def record(services: list[str], path: Path, segment_seconds: float, flush_second
   recorded (CameraRecorder says why)."""
   poller = messaging.Poller()
   socks = {s: messaging.sub_sock(s, poller=poller) for s in services}
-  names = {sock.sock: s for s, sock in socks.items()}
+  names = {sock: s for s, sock in socks.items()}   # the poller returns the sockets it was given
   route, segments, indexes, cam_stop = RouteWriter(path), Segments(segment_seconds), queue.Queue(), threading.Event()
   route.open_segment(0)
   recorders = [CameraRecorder(c, server, route, segments, indexes, lossless, cam_stop) for c in cameras]
@@ -124,7 +124,7 @@ def record(services: list[str], path: Path, segment_seconds: float, flush_second
       except queue.Empty: return
       write(seg if seg in route.logs else segments.n, svc, dat)
   def receive(sock) -> None:
-    svc = names[sock.sock]
+    svc = names[sock]
     for dat in messaging.drain_sock_raw(sock):
       # only whole, parseable messages of this service: anything else would break the file's framing
       try: ok = message_length(dat) == len(dat) and messaging.log_from_bytes(dat, expect=svc) is not None   # the cheap check first
@@ -146,7 +146,7 @@ def record(services: list[str], path: Path, segment_seconds: float, flush_second
           log.info("%s video: connected to %r", r.camera, server)
         elif r.camera not in connected | waited and time.monotonic() - t_start > CAMERA_WAIT_NOTE_S:   # said once, not per turn
           waited.add(r.camera)
-          log.info("%s video: waiting for camera server %r (in %s)", r.camera, server, runtime_dir())
+          log.info("%s video: waiting for camera server %r (at %s)", r.camera, server, socket_path(server))
         for key, n in (("video_behind", r.behind), ("video_torn", r.torn), ("video_out_of_order", r.out_of_order)):   # the thread's counts, into the stats
           if (new := n - stats.totals.get(k := f"{r.camera}_{key}", 0)) > 0: stats.count(k, new)
       if segments.update():

@@ -16,7 +16,7 @@ import argparse, contextlib, logging, os, re, shutil, signal, subprocess, sys, t
 from datetime import datetime
 from pathlib import Path
 from cereal.services import ANSWERS, CAMERA_OF_STREAM, CAMERA_STATE_SERVICES, CAMERAS, STREAM_OF_STATE, answer_streams
-from msgq import runtime_dir
+from msgq import remove_stack
 from modeld_service.extras import needs_extra
 from modelrt.artifact import ArtifactError, camerad_layouts
 with needs_extra("modeld-replay", "tools"):   # zstandard and PyAV: the route's logs and video
@@ -92,7 +92,7 @@ def run_stack(route: list[str], out: Path, artifacts: Path, cameras: list[str], 
   finally:
     with signals_held():
       for name in stack.procs: stack.stop(name)
-      shutil.rmtree(runtime_dir(), ignore_errors=True)   # the stack's sockets and locks go with it
+      remove_stack()   # the stack's queues, sockets and locks go with it
 
 def main(argv: list[str] | None = None) -> int:
   ap = argparse.ArgumentParser(prog="modeld-replay", formatter_class=argparse.RawDescriptionHelpFormatter, description=__doc__, epilog="""

@@ -13,11 +13,11 @@ import numpy as np
 from tinygrad import Tensor, dtypes
 from tinygrad.device import Buffer
 from msgq.visionipc.layout import NV12Layout
-from msgq.visionipc.wire import ALIGN
 from modelrt.artifact import Artifact, load_artifact
 from modelrt.constants import DESIRE_LEN, TRAFFIC_CONVENTION_LEN, FRAME_SKIP, IMG_CHANNELS, IMG_QUEUE_LEN, MODEL_HEIGHT, MODEL_WIDTH
 from modelrt.guard import CameraLayoutError, GuardedJit, buffer_of
 
+ALIGN = 64   # bytes: from_blob's kernels need 16 (clang's CPU kernels segfault on less); a cache line to be safe
 IMG_QUEUE_SHAPE = (1, IMG_QUEUE_LEN * IMG_CHANNELS, MODEL_HEIGHT // 2, MODEL_WIDTH // 2)   # 5 packed frames, in the warp JIT's state
 
 def aligned_empty(nbytes: int, align: int = ALIGN) -> np.ndarray:

@@ -231,10 +231,12 @@ def test_driver_padded_layout_same_numbers(driver):
 
 # ***** the demo *****
 
-def test_demo(artifacts, tmp_path, monkeypatch):
+@pytest.mark.parametrize('transport', ['zmq', 'shm'])
+def test_demo(artifacts, tmp_path, monkeypatch, transport):
+  """The whole stack (camerad, both daemons, the recorder) on either transport, and nothing of it left afterwards."""
   shm, out = set(os.listdir('/dev/shm')), tmp_path / 'demo'
   p = subprocess.run([sys.executable, '-m', 'modeld_tools.demo', '--seconds', '8', '--artifacts', str(artifacts), '--out', str(out)],
-                     capture_output=True, text=True, cwd=REPO, timeout=240)
+                     capture_output=True, text=True, cwd=REPO, timeout=240, env={**os.environ, 'MSGQ_TRANSPORT': transport})
   print(p.stdout[-3000:], p.stderr[-3000:])
   assert p.returncode == 0
   started = re.search(r"started (.*) with OPENPILOT_PREFIX=(\w+)", p.stdout)
@@ -245,12 +247,14 @@ def test_demo(artifacts, tmp_path, monkeypatch):
   assert re.search(r"stopped camerad \(0\), modeld \(0\), dmonitoringd \(0\), record \(0\)", p.stdout)
   m = re.search(r"summary.*\n.*modelV2 (\d+) .*driverStateV2 (\d+)", p.stdout)
   assert int(m.group(1)) > 0 and int(m.group(2)) > 0, p.stdout
-  # no sockets (VisionIPC or pub/sub) left in the demo's prefix, no shared memory files (the rings are memfds);
+  # no sockets (VisionIPC or pub/sub) left in the demo's prefix, no shared memory files (the rings are memfds, the
+  # shm transport's queue folder of the demo's private prefix is removed);
   # Python multiprocessing semaphores of other processes on the machine come and go and are not ours
   monkeypatch.setenv('OPENPILOT_PREFIX', prefix)
   assert os.listdir(d := runtime_dir()) == []
   os.rmdir(d)   # runtime_dir() made it again just now
   assert not [f for f in set(os.listdir('/dev/shm')) - shm if not f.startswith('sem.mp-')]
+  assert not [f for f in os.listdir('/tmp') if f.startswith(f'{prefix}_visionipc_')]   # where the shm transport's socket was
   # it ends with the overlay video of the recorded route
   assert p.stdout.strip().splitlines()[-1] == f"modeld-demo: overlay video: {out / 'overlay.mp4'}"
   import av

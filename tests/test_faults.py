@@ -41,21 +41,26 @@ def test_a_damaged_artifact_exits_78_before_waiting_for_a_camera(daemon, damage,
   assert states == ['STATUS=stopped | totals nothing counted'] and 'Traceback' not in err
 
 @pytest.mark.parametrize('daemon', DAEMONS)
-def test_a_second_daemon_on_the_same_prefix_says_so_and_exits_1(daemon, tiny_artifacts):
-  """Its outputs already have a publisher: one line naming the endpoint, exit 1 (a restart works once the first one
-  stops), never a traceback; the first one keeps running."""
-  first, second = Daemon(daemon, tiny_artifacts, notify=(notify := Notify())), None
+@pytest.mark.parametrize('transport', ['zmq', 'shm'])
+def test_a_second_daemon_on_the_same_prefix_takes_over_and_the_first_says_so_and_exits_1(daemon, transport, tiny_artifacts, monkeypatch):
+  """openpilot's rule, the newest publisher wins: the second one's outputs take the endpoints; the first one, idle
+  (waiting for a camera), notices at its next tick, says so in one line naming the endpoint, never a traceback, and
+  exits 1; the second one keeps running."""
+  monkeypatch.setenv('MSGQ_TRANSPORT', transport)
+  notify, notify2 = Notify(), Notify()
+  first, second = Daemon(daemon, tiny_artifacts, notify=notify), None
   try:
     notify.wait('STATUS=waiting for camera server', 60)   # its publishers are up
-    second = Daemon(daemon, tiny_artifacts)
-    rc = second.proc.wait(60)
-    assert first.proc.poll() is None
+    second = Daemon(daemon, tiny_artifacts, notify=notify2)
+    notify2.wait('STATUS=waiting for camera server', 60)
+    rc = first.proc.wait(10)
+    assert second.proc.poll() is None
   finally:
     for d in (second, first):
       if d is not None: d.stop()
-    notify.close()
-  err = second.stderr()
-  assert rc == 1 and 'already has a publisher' in err and 'Traceback' not in err, err
+    notify.close(); notify2.close()
+  err = first.stderr()
+  assert rc == 1 and 'a newer publisher took the endpoint' in err and f'(another {daemon} on OPENPILOT_PREFIX' in err and 'Traceback' not in err, err
 
 @pytest.mark.parametrize('daemon', DAEMONS)
 def test_a_camera_without_the_daemons_streams_keeps_it_waiting_alive_and_stoppable(daemon, tiny_artifacts):

@@ -253,7 +253,8 @@ def test_dump_says_once_what_it_waits_for(publisher):
     ends = [stop(p) for p in procs]
   with pytest.MonkeyPatch.context() as mp:
     mp.setenv('OPENPILOT_PREFIX', nobody)
-    assert notes[0] == f"modeld-dump: no modelV2 message yet from this machine's stack (OPENPILOT_PREFIX='{nobody}', sockets in {runtime_dir()}); waiting\n"
+    assert notes[0] == (f"modeld-dump: no modelV2 message yet from this machine's stack (OPENPILOT_PREFIX='{nobody}', zmq transport, "
+                        f"in {runtime_dir()}); waiting\n")
   assert notes[1] == "modeld-dump: no modelV2 or carState message yet from 127.0.1.1 over TCP (its publishers need MSGQ_TCP set); waiting\n"
   assert notes[2].startswith("modeld-dump: no liveCalibration message yet from this machine's stack"), notes[2]
   assert [p.returncode for p in procs] == [0, 0, 0] and [e[1] for e in ends] == ['', '', ''], ends   # one note each, and SIGINT ends it cleanly
