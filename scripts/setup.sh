@@ -8,6 +8,8 @@ need=()
 command -v python3 >/dev/null || need+=(python3)        # a minimal image may have none
 command -v clang >/dev/null || need+=(clang)            # tinygrad's CPU backend compiles with clang
 python3 -c 'import ensurepip' 2>/dev/null || need+=(python3-venv)
+ldconfig -p 2>/dev/null | grep -q 'libatomic\.so\.1' || need+=(libatomic1)   # msgq's shm transport: compare-and-swap
+command -v g++ >/dev/null || need+=(g++)                # the interop tests build openpilot's msgq (C++)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "setup: installing system packages: ${need[*]}"

@@ -22,10 +22,18 @@ def run_install(destdir: Path, *args: str, bindir: Path = BINDIR, installer: Pat
   return subprocess.run([sys.executable, str(installer), '--bindir', str(bindir), '--destdir', str(destdir), *args],
                         capture_output=True, text=True, timeout=60)
 
-def install_here(d: Path, *args: str, bindir: Path) -> subprocess.CompletedProcess:
+def install_here(d: Path, *args: str, bindir: Path, installer: Path = REPO / 'systemd' / 'install.py') -> subprocess.CompletedProcess:
   """An install on this machine (not staged), its units and environment file in d: what is refused writes nothing."""
-  return subprocess.run([sys.executable, str(REPO / 'systemd/install.py'), '--bindir', str(bindir), '--unitdir', str(d / 'units'),
+  return subprocess.run([sys.executable, str(installer), '--bindir', str(bindir), '--unitdir', str(d / 'units'),
                          '--envfile', str(d / 'modeld.env'), *args], capture_output=True, text=True, timeout=60)
+
+@pytest.fixture
+def private_tmp(tmp_path) -> Path:
+  """The installer of a copy of the units with PrivateTmp=yes (a user's tighter sandbox, for a stack on the zmq
+  transport: the shipped units keep the real /tmp, where VisionIPC's socket is on the shm transport)."""
+  shutil.copytree(REPO / 'systemd', copy := tmp_path / 'systemd-private-tmp')
+  for t in copy.glob('*.service.in'): t.write_text(t.read_text().replace('PrivateTmp=no\nReadWritePaths=/tmp\n', 'PrivateTmp=yes\n'))
+  return copy / 'install.py'
 
 # a checkout where the units' sandboxing hides it (PrivateTmp=yes: under /tmp) cannot have a reachable venv beside it
 CHECKOUT_HIDDEN = install.under(REPO, install.TMP_ROOTS) is not None
@@ -164,34 +172,33 @@ def beside_checkout():
 
 @pytest.mark.skipif(CHECKOUT_HIDDEN, reason='this checkout is under /tmp: no venv beside it is reachable by the services')
 @pytest.mark.parametrize('copies', [False, True], ids=['links', 'copies'])
-def test_a_python_the_sandbox_hides_is_refused(copies, beside_checkout, in_tmp, tmp_path):
+def test_a_python_the_sandbox_hides_is_refused(copies, beside_checkout, in_tmp, tmp_path, private_tmp):
   """The venv reachable, the Python it runs under /tmp (PrivateTmp=yes): refused, nothing installed, naming where the
   venv leads (followed through its links to the binary; for a venv of copies, the base Python's folder its pyvenv.cfg
   names), the setting and its units, and what to do."""
   bindir = fake_venv(beside_checkout, base := in_tmp / 'pyenv/versions/3.11.7', copies)
-  r = install_here(tmp_path, bindir=bindir)
-  assert r.returncode == 1 and not list(tmp_path.iterdir()), r.stdout + r.stderr
+  r = install_here(tmp_path / 'here', bindir=bindir, installer=private_tmp)
+  assert r.returncode == 1 and not (tmp_path / 'here').exists(), r.stdout + r.stderr
   led_to = f"{base / 'bin'} (the base Python's folder" if copies else f"{base / 'bin/python3.11'} (the venv's Python)"
   assert led_to in r.stderr, r.stderr
   assert "PrivateTmp=yes gives the service an empty /tmp of its own (camerad.service, modeld.service, dmonitoringd.service)" in r.stderr, r.stderr
   assert "recreate the venv with a system Python" in r.stderr and str(bindir / 'modeld') not in r.stderr, r.stderr
 
-def test_a_checkout_under_tmp_is_refused(in_tmp, tmp_path):
+def test_a_checkout_under_tmp_is_refused(in_tmp, tmp_path, private_tmp):
   """A checkout under /tmp: its console scripts are hidden from the services (PrivateTmp=yes): refused, nothing
   installed, the scripts named, with the fix. Staged (a package built under /tmp), the same is a warning."""
   bindir = fake_venv(in_tmp / 'checkout', in_tmp / 'python')
-  r = install_here(tmp_path / 'here', bindir=bindir)
+  r = install_here(tmp_path / 'here', bindir=bindir, installer=private_tmp)
   assert r.returncode == 1 and not (tmp_path / 'here').exists(), r.stdout + r.stderr
   assert f"{bindir / 'modeld'} (a console script)" in r.stderr and "keep the checkout elsewhere" in r.stderr, r.stderr
-  r = run_install(tmp_path / 'staged', bindir=bindir)
+  r = run_install(tmp_path / 'staged', bindir=bindir, installer=private_tmp)
   assert r.returncode == 0 and "warning: staged, but from here the services could not start" in r.stderr, r.stderr
   assert f"{bindir / 'modeld'} (a console script)" in r.stderr and (tmp_path / 'staged/etc/systemd/system/modeld.service').is_file()
 
 def test_the_sandbox_is_read_from_the_units(in_tmp, tmp_path):
-  """The settings checked are the units' own: the same /tmp checkout installs where the template says PrivateTmp=no."""
-  shutil.copytree(REPO / 'systemd', copy := tmp_path / 'systemd')
-  for t in copy.glob('*.service.in'): t.write_text(t.read_text().replace('PrivateTmp=yes', 'PrivateTmp=no'))
-  r = run_install(tmp_path / 'root', bindir=fake_venv(in_tmp / 'checkout', in_tmp / 'python'), installer=copy / 'install.py')
+  """The settings checked are the units' own: the shipped units keep the real /tmp (PrivateTmp=no), so the /tmp
+  checkout that PrivateTmp=yes refuses installs from them."""
+  r = run_install(tmp_path / 'root', bindir=fake_venv(in_tmp / 'checkout', in_tmp / 'python'))
   assert r.returncode == 0 and 'could not start' not in r.stderr, r.stderr
   assert directives(unit_text(tmp_path / 'root', 'modeld.service'))['PrivateTmp'] == ['no']
 
