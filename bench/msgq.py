@@ -1,106 +1,142 @@
 #!/usr/bin/env python3
-"""msgq pub/sub against raw pyzmq PUB/SUB over the same transport (ipc), publisher and subscriber in separate
-processes, both measured in this run. One-way latency: the publisher embeds CLOCK_MONOTONIC (shared by all
-processes) in each message and the subscriber subtracts it on arrival; messages are paced so none queue.
-Throughput: the publisher sends a burst as fast as it can (send rate); the subscriber counts what arrives, from
-the first send to the last arrival (delivered rate: a PUB/SUB queue drops what does not fit, so it is what a reader
-gets). Both sides use the same queue lengths. Runs each twice, interleaved, and keeps the better run of each.
-Prints every figure, then the ratios ours/raw."""
-import multiprocessing, os, sys, tempfile, time
+"""msgq on its two transports (shm, zmq) against openpilot's own C++ msgq through its Python binding (when
+OPENPILOT_MSGQ_SRC names its source: built as the tests build it), publisher and subscriber in separate processes.
+Latency: the publisher puts CLOCK_MONOTONIC in each message right before send(), the subscriber (Poller.poll, then
+receive) subtracts it on arrival; paced sends, in rounds that take turns between the implementations, so machine noise
+hits all alike. Throughput: a burst as fast as the publisher sends (send rate) and what the subscriber got of it from the
+first send to its last arrival (delivered rate; every queue here drops what does not fit). Prints every figure, then
+the ratios the targets are about."""
+import json, os, queue, subprocess, sys, threading, time
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CTX = multiprocessing.get_context("spawn")
-KiB, MiB = 1024, 1024 * 1024
-PROBE, END = b"\x00" * 8, b"\xff" * 8   # first 8 bytes of the non-timed messages
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KiB = 1024
+CASES = [("1 KiB", KiB, 20000), ("300 KiB", 300 * KiB, 400)]   # name, message size, burst length
+ROUNDS, PER_ROUND, GAP_S = 8, 100, 0.002                      # latency: rounds x messages per implementation, pause between
+END = b"\xff" * 8
 
-def _open(kind: str, role: str, size: int, path: str):
-  """(socket, its send or receive function) for one side of one implementation."""
+def child(role: str, kind: str, size: int) -> None:
+  """A publisher or subscriber of endpoint "bench_<kind>", driven by JSON lines on stdin, answering on stdout."""
   import msgq
-  max_size = max(size, 64 * KiB)
-  if kind == "ours":
-    s = (msgq.pub_sock if role == "pub" else msgq.sub_sock)("bench", max_size=max_size)
-    return s, (s.send if role == "pub" else s.receive)
-  import zmq
-  s = zmq.Context.instance().socket(zmq.PUB if role == "pub" else zmq.SUB)
-  s.setsockopt(zmq.LINGER, 0)
-  s.setsockopt(zmq.SNDHWM if role == "pub" else zmq.RCVHWM, msgq.pubsub.queue_len(size if role == "pub" else max_size))   # the same queue lengths
-  if role == "pub":
-    s.bind("ipc://" + path)
-    return s, (lambda d: s.send(d, copy=len(d) < 64 * KiB))   # zero-copy for large messages, as msgq does
-  s.setsockopt(zmq.SUBSCRIBE, b"")
-  s.connect("ipc://" + path)
-  return s, s.recv
+  say = lambda obj: (sys.stdout.write(json.dumps(obj) + "\n"), sys.stdout.flush())
+  if role == "sub":
+    sub, poller = msgq.SubSocket(), msgq.Poller()
+    sub.connect(msgq.Context(), f"bench_{kind}")
+    poller.registerSocket(sub)
+    say("up")
+    lat, n, last, phase = [], 0, 0, None
+    while True:
+      for s in poller.poll(1000):
+        while (m := s.receive(non_blocking=True)) is not None:
+          now = time.monotonic_ns()
+          if m[:8] == END:   # the end of a phase, sent until we answer: once per phase
+            if m[8:12] != phase: say({"phase": int.from_bytes(m[8:12], "little"), "lat": lat, "n": n, "last": last})
+            lat, n, phase = [], 0, m[8:12]
+            continue
+          t = int.from_bytes(m[:8], "little")
+          if m[8:9] == b"L": lat.append((now - t) / 1e3)
+          else: n, last = n + 1, now
+  pub = msgq.PubSocket()
+  pub.connect(msgq.Context(), f"bench_{kind}")
+  body = os.urandom(size - 9)
+  say("up")
+  for line in sys.stdin:
+    cmd = json.loads(line)
+    if cmd == "readers":
+      while not pub.all_readers_updated(): time.sleep(0.001)
+    elif cmd == "latency":
+      for _ in range(PER_ROUND):
+        time.sleep(GAP_S)
+        pub.send(time.monotonic_ns().to_bytes(8, "little") + b"L" + body)
+    elif cmd == "burst":
+      msgs = [i.to_bytes(8, "little") + b"B" + body for i in range(8)]   # made beforehand: only sending is timed
+      t0 = time.monotonic_ns()
+      for i in range(n_burst := next(b for _, s, b in CASES if s == size)): pub.send(msgs[i & 7])
+      say({"t0": t0, "send_s": (time.monotonic_ns() - t0) / 1e9, "sent": n_burst})
+      continue
+    elif isinstance(cmd, list): pub.send(END + cmd[1].to_bytes(4, "little"))   # ["end", phase]
+    say("done")
 
-def _subscriber(kind: str, size: int, path: str, conn) -> None:
-  _, recv = _open(kind, "sub", size, path)
-  conn.send("up")
-  lat, n, nbytes, last = [], 0, 0, 0
+class Side:
+  """One child of one implementation; what it says is read by a thread into a queue."""
+  def __init__(self, role: str, kind: str, size: int, env: dict):
+    # -P: this script (bench/msgq.py) must not be `import msgq`; -S for openpilot's: not the project's editable install either
+    isolated = ["-P", "-S"] if kind == "upstream" else ["-P"]
+    self.p = subprocess.Popen([sys.executable, "-B", *isolated, __file__, "--child", role, kind, str(size)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=env)
+    self.said, self.name = queue.Queue(), f"{kind} {role}"
+    threading.Thread(target=self._read, daemon=True).start()
+    assert self.hear() == "up", f"{self.name} did not start"
+  def _read(self) -> None:
+    for line in self.p.stdout:
+      if line.startswith(("{", '"')): self.said.put(json.loads(line))   # not openpilot's own prints
+    self.said.put(None)
+  def hear(self, timeout: float = 60):
+    if (obj := self.said.get(timeout=timeout)) is None: raise RuntimeError(f"{self.name} exited ({self.p.wait()})")
+    return obj
+  def ask(self, cmd):
+    self.p.stdin.write(json.dumps(cmd) + "\n"); self.p.stdin.flush()
+    return self.hear()
+  def close(self) -> None: self.p.kill(); self.p.wait()
+
+def end(sub: Side, pub: Side, phase: int) -> dict:
+  """The subscriber's figures of a phase: its end marker is sent until it answers (a lapped reader loses a marker)."""
   while True:
-    msg = recv()
-    now = time.monotonic_ns()
-    head = msg[:8]
-    if head == PROBE:
-      conn.send("probe")
-      continue
-    if head == END:
-      if n: conn.send((lat, n, nbytes, last))   # once per phase, however many ENDs arrive
-      lat, n, nbytes = [], 0, 0
-      continue
-    lat.append((now - int.from_bytes(head, "little")) / 1e3)
-    n, nbytes, last = n + 1, nbytes + len(msg), now
+    pub.ask(["end", phase])
+    try:
+      while (got := sub.hear(0.3))["phase"] != phase: pass
+      return got
+    except queue.Empty: pass
 
-def _until_reply(send, conn, marker: bytes, body: bytes):
-  while not conn.poll(0.01): send(marker + body)
-  return conn.recv()
+def environments() -> dict[str, dict]:
+  prefix = f"bench-msgq-{os.getpid()}"
+  base = {**os.environ, "OPENPILOT_PREFIX": prefix, "PYTHONPATH": REPO}
+  envs = {"shm": {**base, "MSGQ_TRANSPORT": "shm"}, "zmq": {**base, "MSGQ_TRANSPORT": "zmq"}}
+  if os.environ.get("OPENPILOT_MSGQ_SRC"):
+    sys.path.insert(0, REPO)
+    from pathlib import Path
+    from tests.upstream import build
+    import sysconfig
+    built = build(Path(os.environ["OPENPILOT_MSGQ_SRC"]).resolve())
+    os.makedirs(f"/dev/shm/msgq_{prefix}", exist_ok=True)   # openpilot's msgq does not make its prefix's folder
+    envs["upstream"] = {**base, "PYTHONPATH": os.pathsep.join([str(built), sysconfig.get_path("purelib"), sysconfig.get_path("platlib")])}
+  else: print("bench/msgq.py: OPENPILOT_MSGQ_SRC unset: openpilot's C++ msgq not measured (set it to a commaai/msgq checkout)")
+  return envs
 
-def run(kind: str, size: int, n_lat: int, hz: float, n_tp: int) -> dict:
-  path = os.path.join(tempfile.mkdtemp(), "raw.ipc")
-  sock, send = _open(kind, "pub", size, path)
-  parent, child = CTX.Pipe()
-  p = CTX.Process(target=_subscriber, args=(kind, size, path, child), daemon=True)
-  p.start()
+def run(size: int, envs: dict) -> dict:
+  sides = {k: (Side("sub", k, size, env), Side("pub", k, size, env)) for k, env in envs.items()}
   try:
-    assert parent.recv() == "up"
-    body = os.urandom(size - 8)
-    _until_reply(send, parent, PROBE, body)   # connected and subscribed
-    while parent.poll(0.05): parent.recv()    # stray probe replies
-    # latency: paced sends
-    for _ in range(n_lat):
-      time.sleep(1 / hz)   # pacing jitter does not matter: the timestamp is taken at the send
-      send(time.monotonic_ns().to_bytes(8, "little") + body)
-    lat = _until_reply(send, parent, END, body)[0]
-    # throughput: a burst
-    msgs = [i.to_bytes(8, "little") + body for i in range(1, 9)]   # built beforehand: only sending is timed
-    t0 = time.monotonic_ns()
-    for i in range(n_tp): send(msgs[i & 7])
-    send_s = (time.monotonic_ns() - t0) / 1e9
-    _, got, nbytes, last = _until_reply(send, parent, END, body)
-    recv_s = (last - t0) / 1e9   # first send to last arrival
-    return {"p50": np.percentile(lat, 50), "p99": np.percentile(lat, 99), "n_lat": len(lat),
-            "send_rate": n_tp / send_s, "recv_rate": got / recv_s, "got": got, "MBps": nbytes / recv_s / 1e6}
+    for _, pub in sides.values(): pub.ask("readers")
+    lat = {k: [] for k in sides}
+    phase = 0
+    for _ in range(ROUNDS):   # taking turns
+      for k, (sub, pub) in sides.items():
+        pub.ask("latency")
+        lat[k] += end(sub, pub, phase := phase + 1)["lat"]
+    out = {}
+    for k, (sub, pub) in sides.items():
+      b = pub.ask("burst")
+      got = end(sub, pub, phase := phase + 1)
+      out[k] = {"p50": np.percentile(lat[k], 50), "p99": np.percentile(lat[k], 99), "n": len(lat[k]), "send_rate": b["sent"] / b["send_s"],
+                "recv_rate": got["n"] / max((got["last"] - b["t0"]) / 1e9, 1e-9), "got": got["n"], "sent": b["sent"]}
+    return out
   finally:
-    p.kill(); p.join()
-    sock.close()
+    for sub, pub in sides.values(): sub.close(); pub.close()
 
 def main() -> None:
-  os.environ.setdefault("OPENPILOT_PREFIX", f"bench-msgq-{os.getpid()}")
-  cases = [("1 KiB", KiB, 2000, 1000., 50000), ("1 MiB", MiB, 300, 100., 400)]
+  envs = environments()
   ratios = []
-  for name, size, n_lat, hz, n_tp in cases:
-    res = {}
-    for kind in ("raw", "ours", "raw", "ours"):   # twice each, interleaved: machine noise hits both
-      r = run(kind, size, n_lat, hz, n_tp)
-      if kind not in res or r["p50"] < res[kind]["p50"]: res[kind] = r
-    for kind in ("raw", "ours"):
-      r = res[kind]
-      print(f"{name} {kind:4s}: latency p50 {r['p50']:7.1f} us  p99 {r['p99']:7.1f} us  ({r['n_lat']}/{n_lat} received)  "
-            f"burst: sent {r['send_rate']:8.0f} msg/s, delivered {r['recv_rate']:8.0f} msg/s = {r['MBps']:7.1f} MB/s "
-            f"({r['got']}/{n_tp}; a PUB/SUB queue drops what does not fit)")
-    o, w = res["ours"], res["raw"]
-    ratios.append((name, o["p50"] / w["p50"], o["p99"] / w["p99"], o["send_rate"] / w["send_rate"], o["recv_rate"] / w["recv_rate"]))
-  for name, p50, p99, sent, got in ratios:
-    print(f"ratio ours/raw {name}: latency p50 {p50:.2f} (target <= 1.2)  p99 {p99:.2f}  send rate {sent:.2f}  delivered rate {got:.2f}")
+  for name, size, _ in CASES:
+    res = run(size, envs)
+    for k, r in res.items():
+      print(f"{name:7s} {k:8s}: latency p50 {r['p50']:7.1f} us  p99 {r['p99']:7.1f} us  ({r['n']} messages)   burst: sent "
+            f"{r['send_rate']:8.0f} msg/s, delivered {r['recv_rate']:8.0f} msg/s ({r['got']}/{r['sent']})")
+    if "upstream" in res: ratios.append(f"{name}: shm/upstream latency p50 {res['shm']['p50'] / res['upstream']['p50']:.2f} (target <= 2)")
+    ratios.append(f"{name}: shm/zmq latency p50 {res['shm']['p50'] / res['zmq']['p50']:.2f} (target <= 1)")
+  import shutil
+  shutil.rmtree(f"/dev/shm/msgq_{envs['shm']['OPENPILOT_PREFIX']}", ignore_errors=True)
+  for r in ratios: print("ratio", r)
 
 if __name__ == "__main__":
-  main()
+  if sys.argv[1:2] == ["--child"]: child(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+  else: main()
