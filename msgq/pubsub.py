@@ -78,7 +78,7 @@ class Context:
 
 class PubSocket:
   """openpilot's PubSocket: PubSocket(), connect(), send(). Frees its endpoint at close(), at the end of a `with`
-  block, or when its last reference goes."""
+  block, or when its last reference goes (the transport's socket's, which its bound send() holds too)."""
   _s = None
 
   def connect(self, context: Context, endpoint: str, segment_size: int = 0) -> None:
@@ -116,7 +116,6 @@ class PubSocket:
 
   def __enter__(self): return self
   def __exit__(self, *exc) -> None: self.close()
-  def __del__(self): self.close()
 
 class SubSocket:
   """openpilot's SubSocket: SubSocket(), connect(), receive(). `address` other than 127.0.0.1 reads over TCP."""
@@ -151,7 +150,6 @@ class SubSocket:
 
   def __enter__(self): return self
   def __exit__(self, *exc) -> None: self.close()
-  def __del__(self): self.close()
 
 class Poller:
   """openpilot's Poller: registerSocket(), poll(timeout_ms) -> the registered sockets with a message ready. It holds its

@@ -11,7 +11,7 @@ def _queue(endpoint: str, segment_size: int) -> shmq.Queue:
   except shmq.QueueError as e: raise IpcError(str(e)) from None
 
 class PubSocket:
-  transport = "shm"
+  transport, q, tcp = "shm", None, None   # q and tcp until made: close() (from __del__) needs them
 
   def __init__(self, endpoint: str, segment_size: int):
     from msgq import zmq
@@ -38,8 +38,10 @@ class PubSocket:
     if self.q is not None: self.q.close(); self.q = None
     if self.tcp is not None: self.tcp.close(0); self.tcp = None
 
+  def __del__(self): self.close()
+
 class SubSocket:
-  transport = "shm"
+  transport, q = "shm", None
 
   def __init__(self, endpoint: str, address: str | None, conflate: bool, segment_size: int):
     self.endpoint, self.timeout, self.errors = endpoint, None, 0
@@ -71,6 +73,8 @@ class SubSocket:
 
   def close(self) -> None:
     if self.q is not None: self.q.close(); self.q = None
+
+  def __del__(self): self.close()
 
 class Poller:
   """Polls the queues of registered sockets; returns what was registered with each (the facade sockets)."""

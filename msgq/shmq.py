@@ -150,10 +150,11 @@ class Queue:
     return True
 
   def all_readers_updated(self) -> bool:
-    """A reader is registered and every valid one has read everything (openpilot's msgq_all_readers_updated)."""
+    """A reader is registered and every valid one has read everything (openpilot's msgq_all_readers_updated), and no
+    slot is still being taken (no uid yet)."""
     w = self.w
     readers, wp = min(w[NUM_READERS_W], NUM_READERS), w[WRITE_POINTER]
-    return readers > 0 and all(not w[READ_VALIDS + i] or w[READ_POINTERS + i] == wp for i in range(readers))
+    return readers > 0 and all(w[READ_UIDS + i] and (not w[READ_VALIDS + i] or w[READ_POINTERS + i] == wp) for i in range(readers))
 
   # ---- subscriber ----
   def init_subscriber(self) -> None:
@@ -169,9 +170,13 @@ class Queue:
           thread_signal(old & LOW)   # a poller of the evicted reader wakes and re-registers
         continue
       if self.cas(NUM_READERS_W, cur, cur + 1): break
+    # the slot's place first, its uid last: a publisher's all_readers_updated must not count the slot as caught up
+    # before the reader is at the write pointer (openpilot's order leaves a window in which a message sent is missed)
     self.reader_id, self.read_uid = cur, uid
-    w[READ_VALIDS + cur], w[READ_POINTERS + cur], w[READ_UIDS + cur] = 0, 0, uid
-    self.reset_reader()
+    w[READ_POINTERS + cur] = w[WRITE_POINTER]
+    w[READ_VALIDS + cur] = 1
+    if self.n.fence: self.n.fence(5)
+    w[READ_UIDS + cur] = uid
 
   def reset_reader(self) -> None:
     """Skip to the newest position: a lapped or new reader drops what it has not read."""

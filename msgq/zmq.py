@@ -227,6 +227,8 @@ class PubSocket:
     os.close(self._wake)
     self._wake = None
 
+  def __del__(self): self.close()
+
 class SubSocket:
   transport = "zmq"
 
@@ -307,6 +309,8 @@ class SubSocket:
   def close(self) -> None:
     if getattr(self, "sock", None) is not None: self.sock.close(0); self.sock = None
     if getattr(self, "_owner", None) is not None: self._owner.close(); self._owner = None
+
+  def __del__(self): self.close()
 
 def _wait_live(sock: zmq.Socket, wait: float, uids: set[int]) -> bytes | None:
   """Subscribe `sock` (connected, subscribed to everything) to a fresh token and wait up to `wait` s for its publisher to

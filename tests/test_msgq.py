@@ -319,6 +319,13 @@ def test_drain_sock_raw_returns_everything_in_order(transport):
     assert msgq.drain_sock_raw(sub) == []
   sub.close()
 
+def test_a_socket_not_kept_stays_open_for_its_call(transport):
+  """`sub_sock(...).receive()`: nothing but the call holds the socket, which must last as long as the call does."""
+  pub = msgq.pub_sock("ep")
+  threading.Timer(0.3, lambda: pub.send(b"x")).start()
+  assert msgq.sub_sock("ep", timeout=3000).receive() == b"x"
+  pub.close()
+
 def test_receive_timeout_and_non_blocking(transport):
   pub, sub = msgq.pub_sock("ep"), msgq.sub_sock("ep")
   t = time.monotonic()

@@ -216,3 +216,17 @@ def test_wait_for_readers_raises_timeout_as_openpilots():
   pub.send(b"a")
   assert not pub.all_readers_updated()   # sent, not read yet
   assert sub.receive() == b"a" and pub.all_readers_updated()
+
+def test_wait_for_readers_never_returns_before_a_registering_reader_is_at_the_write_pointer():
+  """A reader registering in another thread while the publisher waits for it and then sends at once (openpilot's
+  test_poll_once): the message is always the reader's. A slot counted before its reader stood at the write pointer
+  made it miss the message and sleep to its timeout (1 run in 15)."""
+  for i in range(100):
+    pub = msgq.pub_sock("ep")   # a new one each time (the older lets go): no reader yet, as in openpilot's test
+    got = []
+    t = threading.Thread(target=lambda: got.append(msgq.sub_sock("ep", timeout=2000).receive()))
+    t.start()
+    pub.wait_for_readers(5)
+    pub.send(b"%d" % i)
+    t.join(5)
+    assert got == [b"%d" % i], f"try {i}: the registering reader missed the message"
