@@ -224,7 +224,7 @@ def test_wait_for_readers_never_returns_before_a_registering_reader_is_at_the_wr
   for i in range(100):
     pub = msgq.pub_sock("ep")   # a new one each time (the older lets go): no reader yet, as in openpilot's test
     got = []
-    t = threading.Thread(target=lambda: got.append(msgq.sub_sock("ep", timeout=2000).receive()))
+    t = threading.Thread(target=lambda got=got: got.append(msgq.sub_sock("ep", timeout=2000).receive()))
     t.start()
     pub.wait_for_readers(5)
     pub.send(b"%d" % i)
