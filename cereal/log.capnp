@@ -61,8 +61,8 @@ struct Event {
     pandaStates @81 :AnyPointer; navInstruction @82 :AnyPointer; navRoute @83 :AnyPointer;
     navThumbnail @84 :AnyPointer;
     errorLogMessage @85 :Text;
-    roadEncodeData @86 :AnyPointer; driverEncodeData @87 :AnyPointer; wideRoadEncodeData @88 :AnyPointer;
-    qRoadEncodeData @89 :AnyPointer;
+    roadEncodeData @86 :EncodeData; driverEncodeData @87 :EncodeData; wideRoadEncodeData @88 :EncodeData;
+    qRoadEncodeData @89 :EncodeData;
     qRoadEncodeIdx @90 :EncodeIndex;
     gnssMeasurements @91 :AnyPointer;
     driverStateV2 @92 :DriverStateV2;
@@ -77,7 +77,7 @@ struct Event {
     livestreamRoadEncodeIdx @117 :EncodeIndex;
     livestreamWideRoadEncodeIdx @118 :EncodeIndex;
     livestreamDriverEncodeIdx @119 :EncodeIndex;
-    livestreamRoadEncodeData @120 :AnyPointer; livestreamWideRoadEncodeData @121 :AnyPointer; livestreamDriverEncodeData @122 :AnyPointer;
+    livestreamRoadEncodeData @120 :EncodeData; livestreamWideRoadEncodeData @121 :EncodeData; livestreamDriverEncodeData @122 :EncodeData;
     temperatureSensor2 @123 :AnyPointer;
     customReservedRawData0 @124 :Data;
     customReservedRawData1 @125 :Data;
@@ -201,6 +201,15 @@ struct EncodeIndex {   # where an encoded camera frame is: roadEncodeIdx, wideRo
     bigBoxLossless @0; fullHEVC @1; bigBoxHEVCDEPRECATED @2; chffrAndroidH264DEPRECATED @3;
     fullLosslessClipDEPRECATED @4; frontDEPRECATED @5; qcameraH264 @6; livestreamH264 @7;
   }
+}
+
+struct EncodeData {   # an encoded camera frame, as openpilot's encoder publishes it (what its bridge carries off the device)
+  idx @0 :EncodeIndex;
+  data @1 :Data;                  # the frame's NAL units
+  header @2 :Data;                # the codec's headers (VPS, SPS, PPS): on keyframes
+  unixTimestampNanos @3 :UInt64;
+  width @4 :UInt32;
+  height @5 :UInt32;
 }
 
 struct LiveCalibrationData {

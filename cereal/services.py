@@ -29,6 +29,10 @@ SERVICES: dict[str, Service] = {
   "roadEncodeIdx": Service(20., False, 1),
   "wideRoadEncodeIdx": Service(20., False, 1),
   "driverEncodeIdx": Service(20., False, 1),
+  # the encoded frames themselves, as a comma device's encoder publishes them (camerad's bridge source reads them)
+  "roadEncodeData": Service(20., False, None, BIG),
+  "wideRoadEncodeData": Service(20., False, None, BIG),
+  "driverEncodeData": Service(20., False, None, BIG),
   # what the daemons read
   "liveCalibration": Service(4., True, 4),
   "carState": Service(100., True, 10),
@@ -43,12 +47,17 @@ SERVICES: dict[str, Service] = {
 MODELD_OUTPUTS = ("modelV2", "drivingModelData", "cameraOdometry")
 DMONITORINGD_OUTPUTS = ("driverStateV2", "driverMonitoringState")
 DAEMON_OUTPUTS = MODELD_OUTPUTS + DMONITORINGD_OUTPUTS
+# what each model daemon subscribes to: messages from the car and the other daemons, and the camera states
+MODELD_INPUTS = ("deviceState", "carState", "roadCameraState", "wideRoadCameraState", "liveCalibration", "driverMonitoringState",
+                 "carControl", "liveDelay")
+DMONITORINGD_INPUTS = ("liveCalibration", "carState", "selfdriveState", "driverCameraState")
 
 @dataclass(frozen=True)
 class Camera:
   stream: int        # VisionIPC stream type
   state: str         # camera-state service, one FrameData per frame
   encode_idx: str    # EncodeIndex service of its video
+  encode_data: str   # EncodeData service of its encoded frames on a device
   video: str         # the video file in a route segment (HEVC)
   outputs: tuple[str, ...]   # what the daemon that runs its frames publishes (MODELD_OUTPUTS or DMONITORINGD_OUTPUTS)
 
@@ -59,9 +68,9 @@ class Camera:
 
 # openpilot's cameras
 CAMERAS: dict[str, Camera] = {
-  "road": Camera(VisionStreamType.ROAD, "roadCameraState", "roadEncodeIdx", "fcamera.hevc", MODELD_OUTPUTS),
-  "driver": Camera(VisionStreamType.DRIVER, "driverCameraState", "driverEncodeIdx", "dcamera.hevc", DMONITORINGD_OUTPUTS),
-  "wide": Camera(VisionStreamType.WIDE_ROAD, "wideRoadCameraState", "wideRoadEncodeIdx", "ecamera.hevc", MODELD_OUTPUTS),
+  "road": Camera(VisionStreamType.ROAD, "roadCameraState", "roadEncodeIdx", "roadEncodeData", "fcamera.hevc", MODELD_OUTPUTS),
+  "driver": Camera(VisionStreamType.DRIVER, "driverCameraState", "driverEncodeIdx", "driverEncodeData", "dcamera.hevc", DMONITORINGD_OUTPUTS),
+  "wide": Camera(VisionStreamType.WIDE_ROAD, "wideRoadCameraState", "wideRoadEncodeIdx", "wideRoadEncodeData", "ecamera.hevc", MODELD_OUTPUTS),
 }
 CAMERA_OF_STREAM = {c.stream: name for name, c in CAMERAS.items()}
 CAMERA_STATE_SERVICES = {c.stream: c.state for c in CAMERAS.values()}

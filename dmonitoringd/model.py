@@ -13,6 +13,7 @@ untorn frames.
 from __future__ import annotations
 import time
 import numpy as np
+from cereal.services import DMONITORINGD_INPUTS, DMONITORINGD_OUTPUTS
 from modelrt.calibration import sensor_name, camera_for
 from modelrt.geometry import dm_warp_matrix
 from modeld_common.daemon import FrameModel, FrameRun
@@ -23,8 +24,7 @@ from dmonitoringd.policy import DriverMonitoring
 PHONE_THRESH = {'os04c10': 0.75}   # openpilot's for the device with this driver camera (mici); others: the policy's default
 
 class DriverModel(FrameModel):
-  PUBLISHES = ['driverStateV2', 'driverMonitoringState']
-  SUBSCRIBES = ['liveCalibration', 'carState', 'selfdriveState', 'driverCameraState']
+  PUBLISHES, SUBSCRIBES = list(DMONITORINGD_OUTPUTS), list(DMONITORINGD_INPUTS)   # the services table's
 
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)

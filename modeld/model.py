@@ -11,7 +11,7 @@ action and path fit their Float32 fields.
 from __future__ import annotations
 import time
 import numpy as np
-from cereal.services import CAMERA_OF_STREAM, CAMERA_STATE_SERVICES
+from cereal.services import CAMERA_OF_STREAM, CAMERA_STATE_SERVICES, MODELD_INPUTS, MODELD_OUTPUTS
 from modelrt.calibration import sensor_name, camera_for
 from modelrt.geometry import road_warp_matrix
 from modeld_common.daemon import FrameModel, FrameRun
@@ -21,9 +21,7 @@ from modeld.parse import parse_outputs
 from modeld.sync import FrameDrops
 
 class RoadModel(FrameModel):
-  PUBLISHES = ['modelV2', 'drivingModelData', 'cameraOdometry']
-  SUBSCRIBES = ['deviceState', 'carState', 'roadCameraState', 'wideRoadCameraState', 'liveCalibration', 'driverMonitoringState',
-                'carControl', 'liveDelay']
+  PUBLISHES, SUBSCRIBES = list(MODELD_OUTPUTS), list(MODELD_INPUTS)   # the services table's
 
   def __init__(self, runner, main_stream: int, *args, **kwargs):
     super().__init__(runner, *args, **kwargs)

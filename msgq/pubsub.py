@@ -64,9 +64,10 @@ def fnv1a64(s: str) -> int:
     h = ((h ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
   return h
 
-def tcp_port(endpoint: str) -> int:
-  """openpilot's port scheme; the prefix takes part so parallel stacks do not collide on TCP either."""
-  return 8023 + fnv1a64(prefix() + endpoint) % (65535 - 8023)
+def tcp_port(endpoint: str, prefix_: str | None = None) -> int:
+  """openpilot's port scheme; this stack's prefix (or prefix_) takes part, so parallel stacks do not collide on TCP
+  either. openpilot's bridge on a comma device computes its ports from the service name alone: prefix_ ''."""
+  return 8023 + fnv1a64((prefix() if prefix_ is None else prefix_) + endpoint) % (65535 - 8023)
 
 def is_local(addr: str | None) -> bool:
   """openpilot's rule: only 127.0.0.1 (and no address) means this machine's queues; anything else is TCP."""

@@ -232,9 +232,10 @@ class PubSocket:
 class SubSocket:
   transport = "zmq"
 
-  def __init__(self, endpoint: str, address: str | None, conflate: bool, segment_size: int, wait: float = 2.0):
+  def __init__(self, endpoint: str, address: str | None, conflate: bool, segment_size: int, wait: float = 2.0, port: int | None = None):
     """Subscribe. If a local publisher is up, return only once the subscription is live (at most `wait` s);
-    `confirmed` says whether the publisher confirmed that in time."""
+    `confirmed` says whether the publisher confirmed that in time. A remote one, or one given a port (a device's bridge
+    on 127.0.0.1, say), reads tcp://address:port (default: tcp_port(endpoint))."""
     self.endpoint, self.conflate, self.max_size, self.refused = endpoint, conflate, max_message(segment_size), 0
     self.timeout, self._pending, self._rcvtimeo, self.confirmed = None, None, -1, False
     self._owner, self._base, self._got = None, None, 0   # what the publisher had sent when it confirmed us; taken since
@@ -250,9 +251,9 @@ class SubSocket:
     # has been seen to leave a frame unread by a blocking receive until the next one came (a lockstep camera then
     # waits forever for the answer to it)
     s.setsockopt(zmq.SUBSCRIBE, b"")
-    local = address in (None, "", "127.0.0.1")
+    local = port is None and address in (None, "", "127.0.0.1")   # a port given: TCP, whatever the address
     path = _ipc_path(endpoint) if local else None
-    s.connect(("ipc://" + path) if local else f"tcp://{address}:{tcp_port(endpoint)}")
+    s.connect(("ipc://" + path) if local else f"tcp://{address}:{port or tcp_port(endpoint)}")
     self.sock = s
     # the publisher's answer counts from our uid, or the uid its socket file belongs to (root reading a service's stack)
     if local and wait > 0 and _publisher_alive(path) and (told := _wait_live(s, wait, {os.getuid(), _owner(path)} - {None})):

@@ -67,7 +67,8 @@ def test_event_union_has_every_service_and_services_have_rates():
   for name, s in SERVICES.items():
     assert s.frequency > 0 and (s.decimation is None or s.decimation >= 1), name
   # openpilot's queue sizes: both sides of an endpoint map a file of one size (QueueSize.BIG for modelV2, SMALL the rest)
-  assert {n: s.queue_size for n, s in SERVICES.items() if s.queue_size != 250 * 1024} == {"modelV2": 10 * 1024 * 1024}
+  assert {n: s.queue_size for n, s in SERVICES.items() if s.queue_size != 250 * 1024} == \
+    dict.fromkeys(("modelV2", "roadEncodeData", "wideRoadEncodeData", "driverEncodeData"), 10 * 1024 * 1024)
   assert set(CAMERA_STATE_SERVICES.values()) <= set(SERVICES)
   assert SERVICES["modelV2"].frequency == 20 and SERVICES["carState"].frequency == 100 and SERVICES["liveCalibration"].frequency == 4
 
