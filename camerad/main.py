@@ -37,6 +37,10 @@ EPILOG = f"""sources (--source, repeatable for video files):
                          it), segment folders or rlog/qlog files (.zst, .bz2 or plain), as openpilot and
                          modeld-record write them: replays the messages and the cameras' frames from their HEVC
                          video (fcamera, ecamera, dcamera), matched to the camera states by the EncodeIdx events
+  bridge:HOST            a comma device, live: the cameras its encoder sends (roadEncodeData, wideRoadEncodeData,
+                         driverEncodeData) through openpilot's bridge (cereal/messaging/bridge on the device),
+                         decoded, with the device's frame ids and times, and the device's messages the daemons
+                         read (carState, liveCalibration, ...); modeld-fakedevice stands in for a device
 
 exit codes: 0 done (or stopped by SIGTERM/SIGINT); 1 a source that cannot be served or a lockstep timeout; 2 a bad
 option (out of range, an unknown camera, scene or service, options that do not apply to the source, a --layout size
@@ -51,6 +55,7 @@ examples:
   camerad --source road=drive.mp4 --loop --fps 20
   camerad --source routes/2026-11-30--04-00-00 --lockstep
   camerad --source realdata/2026-11-30--04-00-00--3 realdata/2026-11-30--04-00-00--4
+  camerad --source bridge:192.168.43.1 --artifacts artifacts
 """
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -76,6 +81,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
   ap.add_argument("--layout", action="append", default=[], metavar="SPEC",
                   help="buffer layout: packed (default) or aligned (stride to 128, rows padded like real camera buffers); "
                        "WxH:stride:uv_offset:size (or WxH:aligned) for the streams of that size; repeatable")
+  ap.add_argument("--artifacts", metavar="DIR", help="serve each camera in a buffer layout the daemons' artifacts (modeld-compile "
+                  "--out DIR) take; a camera of a size they lack is not served, and the modeld-compile command that adds it is named")
   ap.add_argument("--buffers", type=int, default=8, metavar="N", help=f"buffers per stream, 1 to {MAX_BUFFERS} (default: 8)")
   add_log_level(ap)
   args = ap.parse_args(argv)
@@ -96,6 +103,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.error(f"--lockstep-services: unknown services {sorted(bad)}; known: {', '.join(SERVICES)}")
   try: args.layouts = parse_layouts(args.layout)
   except ValueError as e: ap.error(str(e))
+  if args.artifacts and args.layout: ap.error("--layout and --artifacts: give one (--artifacts picks the layouts the daemons take)")
+  if any(s.startswith("bridge:") for s in args.source) and (args.lockstep or args.loop or args.start or args.fps):
+    ap.error("--lockstep, --loop, --start and --fps do not apply to bridge:HOST: a live device sends at its own pace")
   return args
 
 def parse_layouts(specs: list[str]) -> tuple[str, dict[tuple[int, int], NV12Layout]]:
@@ -193,6 +203,9 @@ class FrameWriter:
       written.remove(s := alone.pop())
       self.source.skipped[f"{CAMERA_OF[s]}: frame without its {CAMERA_OF[(self.pair - {s}).pop()]} frame (lockstep serves them together)"] += 1
     eof = time.monotonic_ns()
+    if tick.ids:   # a device's own ids and times
+      self.last.update({s: tick.ids[s][0] for s in written})
+      return {s: tick.ids[s] for s in written}
     ids = {s: self.last[s] + 1 if self.lockstep and s in self.last else tick.index + self.offset for s in written}
     self.last.update(ids)
     return {s: (i, *((sof, eof) if self.clock is None else self.clock.times(tick, s, eof - sof))) for s, i in ids.items()}
@@ -271,10 +284,28 @@ def camera_state(svc: str, frame_id: int, source_index: int, sof: int, eof: int,
   st.sensor = sensor if sensor in SENSORS else "unknown"
   return msg
 
+def artifact_layouts(artifacts: str, streams: dict[int, tuple[int, int]]) -> dict[int, NV12Layout]:
+  """Each stream's layout, one the artifacts' warps take (modelrt.artifact.camerad_layouts). A camera of a size the
+  artifacts were not built for is refused, named with the modeld-compile command that adds it; the others are served.
+  SourceError when none is left."""
+  from modelrt.artifact import ArtifactError, camerad_layouts
+  refused = {}
+  for s, size in streams.items():
+    try: camerad_layouts(artifacts, {s: size})
+    except ArtifactError as e: raise SourceError(f"--artifacts: {e}") from None
+    except ValueError as e: refused[s] = str(e)
+  for why in refused.values(): log.error("not served: %s", why)
+  if not (served := {s: size for s, size in streams.items() if s not in refused}):
+    raise SourceError(f"--artifacts {artifacts}: no camera to serve ({'; '.join(refused.values())})")
+  try: specs = camerad_layouts(artifacts, served)
+  except ValueError as e: raise SourceError(f"--artifacts: {e}") from None
+  by_size = {(l.width, l.height): l for l in map(NV12Layout.parse, specs)}
+  return {s: by_size[size] for s, size in served.items()}
+
 def serve(args: argparse.Namespace, source: Source, stop: StopFlag) -> int:
   pm = lock = server = None
   try:
-    layouts = stream_layouts(args.layouts, source.streams)
+    layouts = artifact_layouts(args.artifacts, source.streams) if args.artifacts else stream_layouts(args.layouts, source.streams)
     server = VisionIpcServer(args.name)
     for s, l in layouts.items(): server.create_buffers_with_sizes(s, args.buffers, l.width, l.height, l.size, l.stride, l.uv_offset)
     pm, pm_up = messaging.PubMaster([CAMERA_STATE_SERVICES[s] for s in layouts] + list(source.services)), time.monotonic()
@@ -308,7 +339,12 @@ def run(args, source: Source, server: VisionIpcServer, pm, lock, layouts: dict, 
         if not isinstance(dat, bytes): dat.logMonoTime = time.monotonic_ns()   # built ahead of pacing: stamp when sent
         pm.send(svc, dat)
         sent_msgs = True
-      if not tick.frames: continue
+      for k, v in tick.timings.items(): stats.timing(k, v)
+      tick.frames = {s: f for s, f in tick.frames.items() if s in layouts}   # not a refused camera's
+      if not tick.frames:
+        watchdog.kick()
+        stats.tick()
+        continue
       if lock is not None and sent_msgs: time.sleep(LOCKSTEP_SETTLE_S)
       sent_msgs = False
       bufs, t = {s: server.get_free_buffer(s) for s in tick.frames}, time.monotonic_ns()
@@ -318,6 +354,7 @@ def run(args, source: Source, server: VisionIpcServer, pm, lock, layouts: dict, 
         server.publish(s, bufs[s], fid, sof, eof)
         svc = CAMERA_STATE_SERVICES[s]
         pm.send(svc, camera_state(svc, fid, tick.index, sof, eof, (time.monotonic_ns() - written) / 1e9, source.sensor[s], tick.states.get(s)))
+        if s in tick.eof_here: stats.timing("frame_age", (time.monotonic_ns() - tick.eof_here[s]) / 1e9)   # a device's EOF to served
       del bufs   # no view of a shared buffer outlives its frame
       any_frame, served = True, served + 1
       stats.count("frames")

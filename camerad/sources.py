@@ -47,6 +47,9 @@ class Tick:
   frames: dict[int, Fill] = field(default_factory=dict)      # stream -> writes the frame into a buffer
   msgs: list[tuple[str, object]] = field(default_factory=list)   # (service, builder or raw bytes), sent before the frames
   states: dict[int, object] = field(default_factory=dict)    # stream -> recorded FrameData to extend (log replay)
+  ids: dict[int, tuple[int, int, int]] = field(default_factory=dict)   # stream -> (frame id, SOF, EOF) the source gives (a device's)
+  eof_here: dict[int, int] = field(default_factory=dict)     # stream -> its end of frame on this machine's clock: the frame's age
+  timings: dict[str, float] = field(default_factory=dict)    # the source's own timings of the tick (seconds), for the stats
 
 class Source:
   streams: dict[int, tuple[int, int]]
@@ -237,10 +240,17 @@ class LogSource(Source):
 
 # ---- --source parsing
 def open_source(specs: list[str], cameras: list[str] | None = None, services: list[str] | None = None, messages_only: bool = False) -> Source:
-  """One source from the --source arguments: 'synthetic:SCENE', '[CAM=]FILE' (one per stream, CAM one of road, wide,
-  driver; road if not given), '[CAM=]/dev/videoN', or LOGs (routes, segments or log files, one after the other).
-  Specs that do not go together, an unknown camera name and options that do not apply to the source: OptionError."""
+  """One source from the --source arguments: 'synthetic:SCENE', 'bridge:HOST' (a comma device), '[CAM=]FILE' (one per
+  stream, CAM one of road, wide, driver; road if not given), '[CAM=]/dev/videoN', or LOGs (routes, segments or log
+  files, one after the other). Specs that do not go together, an unknown camera name and options that do not apply to
+  the source: OptionError."""
   if not specs: raise OptionError("no --source given")
+  if any(p.startswith("bridge:") for p in specs):
+    if len(specs) > 1: raise OptionError(f"--source bridge:HOST is a source of its own, not one of several (got {' '.join(specs)})")
+    if cameras or services or messages_only: raise OptionError("--cameras, --services, --messages-only: not for bridge:HOST (it serves what the device sends)")
+    from camerad.bridge import BridgeSource
+    if not (host := specs[0].split(":", 1)[1]): raise OptionError("--source bridge:HOST: no HOST (the device's address)")
+    return BridgeSource(host)
   def split(spec: str) -> tuple[str | None, str]:
     cam, sep, path = spec.partition("=")
     if sep and cam not in STREAMS and "/" not in cam and not os.path.exists(spec):   # CAM=FILE whose CAM is no camera
