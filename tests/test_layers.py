@@ -68,3 +68,16 @@ def test_a_back_edge_is_caught(tmp_path):
   f.write_text("import numpy\nfrom modeld.model import RoadModel\nfrom tests.onnx_models import KNOWN\n")
   assert [(l, m) for l, m in imports(f, "modelrt.x") if layer(m) is not None and layer(m) > layer("modelrt.x")] == [
     (2, "modeld.model"), (3, "tests.onnx_models")]
+
+ROOT = {".ci", ".gitignore", "LICENSE", "Makefile", "README.md", "pyproject.toml", "requirements.lock", "bench", "docs",
+        "scripts", "systemd", "tests"}
+
+def test_root_holds_only_the_known_layout():
+  """Nothing a run leaves behind (logs, pid files) is committed at the root: each entry is a package or a known file."""
+  import subprocess
+  tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+  if not tracked: pytest.skip("not a git checkout")
+  known = ROOT | {p.split(".")[0] for _, ps in LAYERS[:-1] for p in ps}
+  stray = sorted({f.split("/")[0] for f in tracked} - known)
+  assert not stray, f"files at the root outside the known layout: {stray}; .gitignore what a run writes, or add a " \
+                    "new entry to ROOT (and to docs/ARCHITECTURE.md)"
