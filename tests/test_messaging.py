@@ -83,29 +83,33 @@ def test_cameras_outputs_are_what_the_daemons_publish():
   assert ANSWERS == ("modelV2", "driverStateV2")   # the outputs that carry a frame id
 
 def test_schema_has_the_fields_openpilot_consumers_read():
-  m = new_message("modelV2").modelV2
-  lines = m.init("laneLines", 4)
-  lines[1].y = [0.5] * 33
-  m.init("leadsV3", 3)[0].x = [10.0] * 6
-  m.meta.disengagePredictions.brakeDisengageProbs = [0.1] * 5
-  m.meta.desirePrediction = [0.0] * 32
-  m.action.desiredCurvature = 0.01
-  for f in ("position", "velocity", "acceleration", "orientation", "orientationRate"): getattr(m, f).x = [1.0]
-  m.init("roadEdges", 2); m.laneLineProbs = [0.9] * 4; m.confidence = "green"
-  d = new_message("driverStateV2").driverStateV2
-  d.leftDriverData.faceOrientation = [0.1, 0.2, 0.3]
-  d.rightDriverData.phoneProb = d.rightDriverData.sleepProb = 0.5
-  d.wheelOnRightProb = 0.1
-  c = new_message("cameraOdometry").cameraOdometry
-  c.trans, c.rot, c.wideFromDeviceEuler, c.roadTransformTrans = [1.0] * 3, [0.0] * 3, [0.0] * 3, [0.0] * 3
-  dm = new_message("drivingModelData").drivingModelData
-  dm.path.yCoefficients = [0.0] * 5; dm.laneLineMeta.leftY = 1.8; dm.meta.laneChangeState = "preLaneChange"
-  lc = new_message("liveCalibration").liveCalibration
-  lc.rpyCalib, lc.calStatus = [0.0, 0.01, 0.0], "calibrated"
-  for f in ("vEgo", "aEgo", "steeringAngleDeg"): setattr(new_message("carState").carState, f, 1.0)
-  new_message("driverMonitoringState").driverMonitoringState.awarenessStatus = 1.0
-  new_message("liveDelay").liveDelay.lateralDelay = 0.2
-  new_message("roadCameraState").roadCameraState.timestampEof = 1
+  """Each field openpilot's consumers read is in the schema and comes back from the bytes with the value written."""
+  fields = {   # service: {dotted field: value}
+    "modelV2": {"laneLineProbs": [0.5] * 4, "confidence": "green", "action.desiredCurvature": 0.25,
+                "meta.disengagePredictions.brakeDisengageProbs": [0.125] * 5, "meta.desirePrediction": [0.0] * 32,
+                **{f"{f}.x": [1.0] for f in ("position", "velocity", "acceleration", "orientation", "orientationRate")}},
+    "driverStateV2": {"leftDriverData.faceOrientation": [0.125, 0.25, 0.375], "rightDriverData.phoneProb": 0.5,
+                      "rightDriverData.sleepProb": 0.5, "wheelOnRightProb": 0.125},
+    "cameraOdometry": {"trans": [1.0] * 3, "rot": [0.0] * 3, "wideFromDeviceEuler": [0.0] * 3, "roadTransformTrans": [0.0] * 3},
+    "drivingModelData": {"path.yCoefficients": [0.0] * 5, "laneLineMeta.leftY": 1.75, "meta.laneChangeState": "laneChangeStarting"},
+    "liveCalibration": {"rpyCalib": [0.0, 0.5, 0.0], "calStatus": "calibrated"},
+    "carState": {"vEgo": 1.0, "aEgo": 1.0, "steeringAngleDeg": 1.0},
+    "driverMonitoringState": {"awarenessStatus": 1.0}, "liveDelay": {"lateralDelay": 0.25}, "roadCameraState": {"timestampEof": 1},
+  }
+  def parent(root, dotted: str):
+    *path, leaf = dotted.split(".")
+    for p in path: root = getattr(root, p)
+    return root, leaf
+  for service, values in fields.items():
+    msg = new_message(service)
+    for dotted, v in values.items(): setattr(*parent(getattr(msg, service), dotted), v)
+    if service == "modelV2": msg.modelV2.init("laneLines", 4)[1].y = [0.5] * 33; msg.modelV2.init("leadsV3", 3)[0].x = [10.0] * 6
+    back = getattr(log_from_bytes(msg.to_bytes(), expect=service), service)
+    for dotted, v in values.items():
+      got = getattr(*parent(back, dotted))
+      got = list(got) if isinstance(v, list) else str(got) if isinstance(v, str) else got
+      assert got == v, f"{service}.{dotted}: wrote {v}, read {got}"
+    if service == "modelV2": assert list(back.laneLines[1].y) == [0.5] * 33 and list(back.leadsV3[0].x) == [10.0] * 6
 
 def test_new_message_sets_logMonoTime_and_member():
   t0 = time.monotonic_ns()
