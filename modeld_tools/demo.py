@@ -120,7 +120,7 @@ class Rate:
 class Monitor:
   """Every output the demo receives, compared with the truth of its frame (frame id modulo the scene's length)."""
   def __init__(self, scene):
-    from modelrt.constants import X_IDXS
+    from modelrt.constants import IMG_QUEUE_LEN, X_IDXS
     self.scene, self.x = scene, X_IDXS.astype(np.float64)
     self.near = (self.x >= NEAR[0]) & (self.x <= NEAR[1])
     self.counts = dict.fromkeys(OUTPUTS, 0)
@@ -129,6 +129,11 @@ class Monitor:
                                      'drop_perc')}
     self.road = self.driver = self.dms = None   # what the view shows: the newest of each
     self.first_output: float | None = None
+    # outputs published invalid (as before the first calibration) and a model's warm-up are shown and counted, but left
+    # out of the errors: the road model's first IMG_QUEUE_LEN - 1 valid ones see an image queue that still holds frames
+    # warped without the calibration (no lead, lane lines metres off); the driver model keeps no history
+    self.warmup = {'modelV2': IMG_QUEUE_LEN - 1, 'driverStateV2': 0}
+    self.valid, self.left_out = dict.fromkeys(self.warmup, 0), dict.fromkeys(self.warmup, 0)
     self.last_road_frame = None
     self.skipped = 0                            # camera frames modeld published nothing for
 
@@ -137,21 +142,25 @@ class Monitor:
   def update(self, svc: str, ev, now: float) -> None:
     self.counts[svc] += 1
     self.rates[svc].hit(now)
-    if svc == 'modelV2': self.on_model(ev.modelV2)
-    elif svc == 'driverStateV2': self.on_driver(ev.driverStateV2)
+    if svc in self.warmup:
+      self.valid[svc] += ev.valid
+      if (warming := not ev.valid or self.valid[svc] <= self.warmup[svc]): self.left_out[svc] += 1
+    if svc == 'modelV2': self.on_model(ev.modelV2, not warming)
+    elif svc == 'driverStateV2': self.on_driver(ev.driverStateV2, not warming)
     elif svc == 'driverMonitoringState': self.dms = ev.driverMonitoringState
     if svc in ('modelV2', 'driverStateV2') and self.first_output is None: self.first_output = now
 
-  def on_model(self, m) -> None:
+  def on_model(self, m, warm: bool) -> None:
     t = self.truth(m.frameId)
     lines = [np.asarray(m.laneLines[i].y, np.float64) for i in (1, 2)] if len(m.laneLines) == 4 else None
     truth_lines = [np.asarray(t['road']['lane_lines'][i]['y']) for i in (1, 2)]
     lane_err = max(np.abs(l - tl)[self.near].max() for l, tl in zip(lines, truth_lines)) if lines else math.nan
     lead, tl = m.leadsV3[0] if len(m.leadsV3) else None, t['lead']
     lead_x, lead_prob = (float(lead.x[0]) if lead is not None and len(lead.x) else math.nan), (float(lead.prob) if lead is not None else math.nan)
-    if lines: self.s['lane'].add(lane_err)
-    if tl['present'] and 10 <= tl['x'] <= 80: self.s['lead_rel'].add(abs(lead_x - tl['x']) / tl['x'])
-    elif not tl['present']: self.s['lead_prob_none'].add(lead_prob)
+    if warm:
+      if lines: self.s['lane'].add(lane_err)
+      if tl['present'] and 10 <= tl['x'] <= 80: self.s['lead_rel'].add(abs(lead_x - tl['x']) / tl['x'])
+      elif not tl['present']: self.s['lead_prob_none'].add(lead_prob)
     self.s['model_ms'].add(m.modelExecutionTime * 1e3)
     self.s['drop_perc'].add(m.frameDropPerc)
     if self.last_road_frame is not None and m.frameId > self.last_road_frame + 1: self.skipped += m.frameId - self.last_road_frame - 1
@@ -161,7 +170,7 @@ class Monitor:
                      lane_err=lane_err, probs=list(m.laneLineProbs), lead_x=lead_x, lead_prob=lead_prob, exec_ms=m.modelExecutionTime * 1e3,
                      drop=m.frameDropPerc)
 
-  def on_driver(self, d) -> None:
+  def on_driver(self, d, warm: bool) -> None:
     from modelrt.constants import DM_WIDTH, DM_HEIGHT
     t = self.truth(d.frameId)['driver']
     side = d.rightDriverData if t['wheel_on_right'] else d.leftDriverData
@@ -169,10 +178,10 @@ class Monitor:
     face_err = math.nan
     if t['face']['present'] and len(pos) == 2:
       face_err = float(np.hypot(*((pos - t['face']['position']) * (DM_WIDTH, DM_HEIGHT))) / DM_WIDTH)
-      self.s['face_pos'].add(face_err)
+      if warm: self.s['face_pos'].add(face_err)
     blink = side.leftBlinkProb > 0.5 and side.rightBlinkProb > 0.5
-    self.s['eyes_ok'].add(blink == t['eyes_closed'])
-    self.s['phone_ok'].add((side.phoneProb > 0.5) == t['phone'])
+    if warm: self.s['eyes_ok'].add(blink == t['eyes_closed'])
+    if warm: self.s['phone_ok'].add((side.phoneProb > 0.5) == t['phone'])
     self.s['dm_ms'].add(d.modelExecutionTime * 1e3)
     self.driver = dict(frame=d.frameId, truth=t, side='right' if t['wheel_on_right'] else 'left', face_prob=side.faceProb, pos=pos,
                        face_err=face_err, eyes=(side.leftEyeProb, side.rightEyeProb), blink=(side.leftBlinkProb, side.rightBlinkProb),
@@ -248,6 +257,8 @@ def summary(mon: Monitor, seconds: float) -> list[str]:
     f"  drops         camera frames without modelV2 from its first on {mon.skipped} (before it: modeld's start-up), "
     f"frameDropPerc mean {_f(s['drop_perc'].mean(), '.1f')} % "
     f"max {_f(s['drop_perc'].max(), '.1f')} %",
+    "  left out      of the errors: " + ', '.join(f"{n} {svc}" for svc, n in mon.left_out.items()) + " (published invalid, "
+    f"as before the first calibration, and the road model's warm-up: its first {mon.warmup['modelV2']} valid, the image queue filling)",
     f"  lane lines    ego left/right |error| over 10-50 m: mean {_f(s['lane'].mean(), '.3f')} m, worst {_f(s['lane'].max(), '.3f')} m "
     f"({len(s['lane'])} frames)",
     f"  lead          distance error (10-80 m): mean {_f(s['lead_rel'].mean() * 100, '.1f')} %, worst {_f(s['lead_rel'].max() * 100, '.1f')} % "

@@ -247,6 +247,10 @@ def test_demo(artifacts, tmp_path, monkeypatch, transport):
   assert re.search(r"stopped camerad \(0\), modeld \(0\), dmonitoringd \(0\), record \(0\)", p.stdout)
   m = re.search(r"summary.*\n.*modelV2 (\d+) .*driverStateV2 (\d+)", p.stdout)
   assert int(m.group(1)) > 0 and int(m.group(2)) > 0, p.stdout
+  # the errors leave out invalid outputs and the road model's warm-up (its image queue filling: lane lines metres off), and say so
+  assert (left := re.search(r"left out +of the errors: (\d+) modelV2, (\d+) driverStateV2 .* its first 4 valid", p.stdout)), p.stdout
+  assert int(left.group(1)) >= 4, p.stdout
+  assert float(re.search(r"lane lines .* worst ([\d.]+) m", p.stdout).group(1)) < 0.25, p.stdout
   # no sockets (VisionIPC or pub/sub) left in the demo's prefix, no shared memory files (the rings are memfds, the
   # shm transport's queue folder of the demo's private prefix is removed);
   # Python multiprocessing semaphores of other processes on the machine come and go and are not ours
