@@ -118,7 +118,7 @@ def parse_layouts(specs: list[str]) -> tuple[str, dict[tuple[int, int], NV12Layo
       explicit[(l.width, l.height)] = l
   return kind, explicit
 
-def stream_layouts(layouts: tuple[str, dict], streams: dict[int, tuple[int, int]]) -> dict[int, NV12Layout]:
+def option_layouts(layouts: tuple[str, dict], streams: dict[int, tuple[int, int]]) -> dict[int, NV12Layout]:
   """Each stream's layout: the explicit one of its size, else packed or aligned. An explicit layout no stream has the
   size of is an OptionError (a typo would otherwise go unnoticed)."""
   kind, explicit = layouts
@@ -305,7 +305,7 @@ def artifact_layouts(artifacts: str, streams: dict[int, tuple[int, int]]) -> dic
 def serve(args: argparse.Namespace, source: Source, stop: StopFlag) -> int:
   pm = lock = server = None
   try:
-    layouts = artifact_layouts(args.artifacts, source.streams) if args.artifacts else stream_layouts(args.layouts, source.streams)
+    layouts = artifact_layouts(args.artifacts, source.streams) if args.artifacts else option_layouts(args.layouts, source.streams)
     server = VisionIpcServer(args.name)
     for s, l in layouts.items(): server.create_buffers_with_sizes(s, args.buffers, l.width, l.height, l.size, l.stride, l.uv_offset)
     pm, pm_up = messaging.PubMaster([CAMERA_STATE_SERVICES[s] for s in layouts] + list(source.services)), time.monotonic()

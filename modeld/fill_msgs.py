@@ -29,8 +29,9 @@ STOP_SPEED, STOP_ACCEL = 0.3, 0.1                         # shouldStop: the plan
 # modelV2.meta.disengagePredictions fields, filled from the contract's meta predictions of the same name
 DISENGAGE_FIELDS = ('brakeDisengageProbs', 'gasDisengageProbs', 'steerOverrideProbs', 'brake3MetersPerSecondSquaredProbs',
                     'brake4MetersPerSecondSquaredProbs', 'brake5MetersPerSecondSquaredProbs', 'gasPressProbs', 'brakePressProbs')
-# confidence: the independent disengage probability of each 2 s step, kept for the last 5 pushes (every 2 s)
-DISENGAGE_WIDTH = CONFIDENCE_BUFFER_LEN = len(META_T_IDXS)
+# confidence: each push (every 2 s) holds the independent disengage probability of each 2 s step ahead
+DISENGAGE_WIDTH = len(META_T_IDXS)   # steps per push
+CONFIDENCE_BUFFER_LEN = 5            # pushes kept: the last 10 s
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 @dataclass
@@ -128,7 +129,9 @@ def update_confidence(state: PublishState, meta: dict, frame_id: int, thresholds
     buf[-DISENGAGE_WIDTH:] = ind
   # summed in float64 term by term, as openpilot does: a float32 sum can land on the other side of a threshold
   score = 0.
-  for i in range(DISENGAGE_WIDTH): score += float(state.disengage_buffer[i * DISENGAGE_WIDTH + DISENGAGE_WIDTH - 1 - i]) / DISENGAGE_WIDTH
+  pushes = state.disengage_buffer.reshape(CONFIDENCE_BUFFER_LEN, DISENGAGE_WIDTH)   # oldest first
+  for i in range(CONFIDENCE_BUFFER_LEN):   # the push made k = LEN-1-i pushes ago, for its step k ahead: the one now
+    score += float(pushes[i, CONFIDENCE_BUFFER_LEN - 1 - i]) / CONFIDENCE_BUFFER_LEN
   return 'green' if score < thresholds[0] else 'yellow' if score < thresholds[1] else 'red'
 
 def fill_model_msgs(out: dict, info: FrameInfo, action: Action, path: np.ndarray, state: PublishState, contract: RoadContract,

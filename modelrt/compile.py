@@ -23,6 +23,7 @@ from modelrt.guard import TensorSpec, GuardedJit, buffer_of
 from modelrt.runner import IMG_QUEUE_SHAPE, aligned_empty, camera_tensor, host_tensor, zero_tensor
 from modelrt import artifact
 from modelrt.artifact import save_jit, load_verified, write_artifact, load_artifact, ArtifactError, warp_name, FORMAT_VERSION
+from modelrt.schedule import scheduled, vector_width
 
 class ValidationError(RuntimeError):
   """A captured JIT failed a check; nothing was written."""
@@ -168,21 +169,24 @@ def code_sha256() -> str:
 
 def build_family(out: str | os.PathLike, family: str, models: dict[str, ModelDef], layouts: list[NV12Layout], device: str | None = None,
                  beam: int = 0, command: list[str] | None = None, force: bool = False, progress: bool = True,
-                 winograd: bool = False) -> tuple[pathlib.Path, bool]:
+                 winograd: bool = False, schedule: str = 'shape') -> tuple[pathlib.Path, bool]:
   """Build (or find up to date) OUT/<family>. Returns (artifact dir, whether it was built). Raises ContractError (the
-  models follow no known contract) or ValidationError."""
+  models follow no known contract) or ValidationError. schedule: 'shape' (conv and matmul kernels scheduled from their
+  shapes, modelrt.schedule) or 'tinygrad' (tinygrad's own heuristics for every kernel)."""
   from tinygrad.engine.worker import terminate_worker_pool
   device = Device.canonicalize(device or Device.DEFAULT)
   if family not in FAMILY_MODELS or set(models) != set(FAMILY_MODELS[family]):
     raise ValueError(f"family {family!r} needs models {FAMILY_MODELS.get(family)}, got {sorted(models)}")
   if not layouts: raise ValueError("at least one camera layout is needed")
+  if schedule not in ('shape', 'tinygrad'): raise ValueError(f"schedule must be 'shape' or 'tinygrad', got {schedule!r}")
   layouts = list(dict.fromkeys(layouts))
   contract = identify(family, models)   # before anything is captured: a model of another contract fails in a second
   models = {k: md.fed({n: i.dtype for n, i in contract.models[k].inputs.items()}) for k, md in models.items()}
   command = command or ['modeld-compile', '--family', family, *[a for l in layouts for a in ('--camera', str(l))], '--out', str(out)]
   key = {'format': FORMAT_VERSION, 'family': family, 'contract': contract.name, 'tinygrad': artifact.tinygrad_version(), 'target': artifact.target(device),
-         'options': {'beam': beam, 'winograd': winograd}, 'sources': {**{k: md.source_sha256 for k, md in models.items()}, 'code': code_sha256(),
-                                                          'contract': hashlib.sha256(repr(contract).encode()).hexdigest()},
+         'options': {'beam': beam, 'winograd': winograd, 'schedule': schedule},
+         'sources': {**{k: md.source_sha256 for k, md in models.items()}, 'code': code_sha256(),
+                     'contract': hashlib.sha256(repr(contract).encode()).hexdigest()},
          'layouts': sorted(str(l) for l in layouts)}   # the same set of layouts, in any order, is the same build
   build_id = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
   if not force:
@@ -207,7 +211,8 @@ def build_family(out: str | os.PathLike, family: str, models: dict[str, ModelDef
     return {**key, 'build_id': build_id, 'build_seconds': round(time.monotonic() - t0, 1), 'command': command, 'jits': jits,
             'output_slices': {k: {n: [s.start, s.stop] for n, s in models[k].output_slices.items()} for k in FAMILY_MODELS[family]}}
   try:
-    with Context(BEAM=beam, WINO=int(winograd)):
+    with Context(BEAM=beam, WINO=int(winograd)), \
+         (scheduled(device, vector_width(key['target']['cpu_features'])) if schedule == 'shape' else contextlib.nullcontext()):
       return write_artifact(out, family, build), True
   finally: terminate_worker_pool()   # the compile worker processes must not outlive the build
 
@@ -268,6 +273,9 @@ CACHEDB=path moves tinygrad's compile cache.""".format(contracts=', '.join(sorte
   ap.add_argument('--winograd', action='store_true', help="dense 3x3 stride-1 convolutions of ONNX models as Winograd F(4x4, 3x3) "
                   "(tinygrad's WINO): fewer multiplies, more memory traffic; faster for wide layers on mid-size images, slower "
                   "for few channels or tiny images: compare the replay times of both builds (default: off)")
+  ap.add_argument('--schedule', choices=('shape', 'tinygrad'), default='shape', help="shape (default): convolution and matmul kernels "
+                  "vectorized and register-blocked by rules from their shapes and the CPU's vector width, the same on every machine of "
+                  "an ISA; tinygrad: tinygrad's own heuristics for every kernel. --beam searches on top of either")
   ap.add_argument('--force', action='store_true', help="rebuild even when an identical build is already there")
   ap.add_argument('--quiet', action='store_true', help="no progress bar")
   args = ap.parse_args(argv)
@@ -304,8 +312,9 @@ CACHEDB=path moves tinygrad's compile cache.""".format(contracts=', '.join(sorte
         models = {k: load_onnx(p, k) for k, p in files.items()}
         srcs = [a for k, p in files.items() for a in (f'--{k}-onnx', str(p.resolve()))]
       command = ['modeld-compile', *srcs, '--family', family, *cams, '--out', str(args.out.resolve()), '--device', device, '--beam', str(args.beam),
-                 *(['--winograd'] if args.winograd else [])]
-      path, built = build_family(args.out, family, models, layouts, device, args.beam, command, args.force, not args.quiet, args.winograd)
+                 *(['--winograd'] if args.winograd else []), '--schedule', args.schedule]
+      path, built = build_family(args.out, family, models, layouts, device, args.beam, command, args.force, not args.quiet, args.winograd,
+                                 args.schedule)
       print(f"{family}: {'built' if built else 'up to date'}: {path} ({', '.join(str(l) for l in layouts)})")
   except (ContractError, ValidationError, OnnxImportError, ArtifactError, OSError) as e:
     print(f"modeld-compile: error: {e}", file=sys.stderr)

@@ -69,10 +69,17 @@ def _concat(*xs: Tensor, axis: int) -> Tensor:
   # last conv concatenated with the 3 calibration values (24576 + 3 outputs) ran 2.5x slower than on its own.
   return Tensor.cat(*(x.contiguous() if _ends_in_reduce(x.uop) else x for x in xs), dim=axis)
 
+def _channels_last(x: Tensor) -> Tensor:
+  # a conv's output stored NHWC: its kernel stores, and the next conv loads, vectors along the channels (modelrt.schedule)
+  return x.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2) if x.ndim == 4 and _ends_in_reduce(x.uop) else x
+
+def _relu(x: Tensor) -> Tensor: return _channels_last(x.relu())
+
 def _conv(X: Tensor, W: Tensor, B: Tensor | None = None, group: int = 1, **kw) -> Tensor:
   # With WINO=1 (modeld-compile --winograd) tinygrad computes a 3x3 stride-1 convolution as Winograd F(4x4, 3x3), but
   # only for the int stride 1, where ONNX gives lists: those of dense 2-D convolutions are made ints. Grouped
   # (depthwise) ones keep their lists and stay direct: their transforms cost more than the multiplies they save.
+  X = _channels_last(X)   # a conv's input straight from another conv (no activation between): NHWC too
   if group == 1 and W.ndim == 4:
     for k in ('strides', 'dilations'):
       if isinstance(v := kw.get(k), (list, tuple)) and all(x == 1 for x in v): kw[k] = 1
@@ -87,7 +94,15 @@ def load_onnx(path: str | pathlib.Path, model: str) -> ModelDef:
   except Exception as e: raise OnnxImportError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
   runner = OnnxRunner.__new__(OnnxRunner)   # OnnxRunner(path) would parse the file a second time
   runner._init_from_graph(graph)
-  runner.onnx_ops = {**onnx_ops, 'Concat': _concat, 'Conv': _conv}
+  runner.onnx_ops = {**onnx_ops, 'Concat': _concat, 'Conv': _conv, 'Relu': _relu}
+  done = set()   # constant weights stored output channels (a matmul's columns) innermost, read through a view
+  for n in runner.graph_nodes:
+    if (name := n.inputs[1] if len(n.inputs) > 1 else '') in done or not isinstance(w := runner.graph_values.get(name), Tensor): continue
+    if n.op == 'Conv' and n.opts.get('group', 1) == 1 and w.ndim == 4: perm = (1, 2, 3, 0)
+    elif n.op == 'Gemm' and n.opts.get('transB', 0) and w.ndim == 2: perm = (1, 0)
+    else: continue
+    runner.graph_values[name] = w.permute(perm).contiguous().realize().permute(tuple(perm.index(i) for i in range(len(perm))))
+    done.add(name)
   inputs = {k: (tuple(v.shape), np.dtype(n).name if (n := _to_np_dtype(v.dtype)) is not None else v.dtype.name) for k, v in runner.graph_inputs.items()}
   if len(runner.graph_outputs) != 1: raise OnnxImportError(f"{path}: expected one output vector, the model has {list(runner.graph_outputs)}")
   oshape = graph['output'][0]['parsed_type'].shape

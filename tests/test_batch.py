@@ -1,7 +1,8 @@
 """modeld-batch on a real local Ray: the same outputs as the live daemons in lockstep (missing frames and the wide
 road camera included), the artifacts' buffer layouts, retries of a killed worker, a corrupt segment reported while
-the rest finish, Ctrl-C and --resume, diff, and the errors a user meets first."""
-import json, os, shutil, signal, socket, subprocess, sys, time, uuid
+the rest finish, Ctrl-C and --resume, diff, and the errors a user meets first; and on a real two-node cluster, a node
+lost in the middle of a segment or while the workers start."""
+import json, os, secrets, shutil, signal, socket, subprocess, sys, tempfile, time, uuid
 from collections import Counter
 from pathlib import Path
 import pytest
@@ -14,16 +15,16 @@ from oproute import LogReader, log_files
 ENV = {**os.environ, "DEV": "CPU", "RAY_AUTH_MODE": "disabled"}
 FRAMES = 8   # per segment of the test routes
 
-def batch(*args, timeout: float = 300) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, "-m", "modeld_batch", *map(str, args), "--quiet"], cwd=REPO, capture_output=True, text=True, env=ENV,
+def batch(*args, timeout: float = 300, env: dict = ENV) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, "-m", "modeld_batch", *map(str, args), "--quiet"], cwd=REPO, capture_output=True, text=True, env=env,
                         timeout=timeout)
 
-def start_batch(*args) -> subprocess.Popen:
+def start_batch(*args, env: dict = ENV) -> subprocess.Popen:
   """The job in a session of its own, as a terminal runs a command: a Ctrl-C there goes to its whole process group. A
   marker in its environment (Ray's workers inherit it) tells its processes from any other job's."""
   marker = f"MODELD_BATCH_TEST_JOB={uuid.uuid4().hex}"
   p = subprocess.Popen([sys.executable, "-m", "modeld_batch", *map(str, args), "--quiet"], cwd=REPO, stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, text=True, env={**ENV, **dict([marker.split("=")])}, start_new_session=True)
+                       stderr=subprocess.PIPE, text=True, env={**env, **dict([marker.split("=")])}, start_new_session=True)
   p.marker = marker.encode()
   return p
 
@@ -194,8 +195,8 @@ def test_a_segment_range_after_a_route_picks_its_segments(routes, tiny_artifacts
   assert (s["route"], s["segments"], s["done"], s["frames"]) == ("b", 1, 1, FRAMES) and os.listdir(tmp_path / "out" / "b") == ["b--1"], s
 
 def test_killed_worker_is_retried_with_identical_results(scene, tiny_artifacts, tmp_path):
-  """A worker SIGKILLed in the middle of a segment: Ray restarts it and runs the segment again; no partial output is
-  left, and every output equals that of a run without the kill."""
+  """A worker SIGKILLed in the middle of a segment: a new worker runs the segment again, and the summary says so; no
+  partial output is left, and every output equals that of a run without the kill."""
   long = tmp_path / "long"
   write_route(long, scene, segments=2, frames=60)
   r = batch(long, "--artifacts", tiny_artifacts, "--out", tmp_path / "clean", "--workers", 1)
@@ -213,6 +214,9 @@ def test_killed_worker_is_retried_with_identical_results(scene, tiny_artifacts, 
     if p.poll() is None: p.kill()
   assert p.returncode == 0, err
   assert not list((tmp_path / "killed").rglob("*.tmp")) and sorted(os.listdir(tmp_path / "killed" / "long")) == ["long--0", "long--1"]
+  (s,) = json.loads((tmp_path / "killed" / "summary.json").read_text())["routes"]
+  assert (s["done"], s["rerun"], s["rerun_why"]) == (2, 1, {"worker lost: its process died": 1}), s
+  assert "run again 1 time(s): worker lost: its process died" in out, out
   same(tmp_path / "clean" / "long", tmp_path / "killed" / "long")
 
 def test_corrupt_segment_is_reported_the_rest_finish_and_resume(routes, tiny_artifacts, tmp_path):
@@ -483,3 +487,147 @@ def test_cluster_launcher_config_is_one_ray_up_takes():
   c = _bootstrap_config(yaml.safe_load((REPO / "modeld_batch" / "cluster.yaml").read_text()), no_config_cache=True)
   assert c["provider"]["type"] == "local" and c["max_workers"] == len(c["provider"]["worker_ips"]), c
   assert all("RAY_AUTH_MODE=token" in cmd for cmd in c["head_start_ray_commands"] + c["worker_start_ray_commands"] if " start " in cmd)
+
+class Cluster:
+  """A Ray cluster of two nodes on this machine, as `ray start` makes one, one core each: a head and a worker node, each
+  `ray start --block` in a session of its own, so that killing every process of the session (its raylet, its agents,
+  its workers) is that node lost. Token authentication as Ray sets it up (RAY_AUTH_MODE=token, the token in a file
+  RAY_AUTH_TOKEN_PATH names); its own temp dir and ports, so that no other Ray on the machine finds it or collides."""
+  def __init__(self):
+    self.dir = Path(tempfile.mkdtemp(prefix="rb", dir="/tmp"))   # short: Ray's socket paths under it must fit 107 bytes
+    (self.dir / "token").write_text(secrets.token_hex(32))
+    self.env = {**ENV, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.dir / "token")}
+    self.address, self.nodes = f"127.0.0.1:{free_port()}", []
+    self.start("--head", "--port", self.address.split(":")[1], "--include-dashboard", "false", "--dashboard-port", free_port())
+    self.node = self.start("--address", self.address)
+
+  def start(self, *args) -> subprocess.Popen:
+    """A node started, once it says so (registered with the head)."""
+    log, ports = self.dir / f"node{len(self.nodes)}.log", ("--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
+                                                          "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port")
+    p = subprocess.Popen([Path(sys.executable).parent / "ray", "start", "--block", "--num-cpus", "1", "--temp-dir", self.dir / f"node{len(self.nodes)}",
+                          "--disable-usage-stats", "--min-worker-port", "0", "--max-worker-port", "0", *(str(a) for o in ports for a in (o, free_port())),
+                          *map(str, args)], env=self.env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    self.nodes.append(p)
+    deadline = time.monotonic() + 60
+    while "Ray runtime started" not in log.read_text():
+      assert p.poll() is None and time.monotonic() < deadline, f"expected a Ray node started within 60 s, got:\n{log.read_text()}"
+      time.sleep(0.1)
+    return p
+
+  def live_node(self) -> subprocess.Popen:
+    """The worker node, started again where a test lost it."""
+    if not self.processes(self.node): self.node = self.start("--address", self.address)
+    return self.node
+
+  @staticmethod
+  def processes(node: subprocess.Popen) -> list[int]:
+    """The pids of every process of node's session."""
+    pids = []
+    for d in Path("/proc").iterdir():
+      try:
+        if d.name.isdigit() and os.getsid(int(d.name)) == node.pid and (d / "stat").read_text().split(")")[1].split()[0] != "Z": pids.append(int(d.name))
+      except OSError: pass   # gone meanwhile
+    return pids
+
+  def kill(self, node: subprocess.Popen) -> None:
+    """The node lost: every process of its session SIGKILLed, until none is left."""
+    deadline = time.monotonic() + 10
+    while pids := self.processes(node):
+      assert time.monotonic() < deadline, f"processes of the killed node still running: {pids}"
+      for pid in pids:
+        try: os.kill(pid, signal.SIGKILL)
+        except OSError: pass
+      time.sleep(0.01)
+    node.wait(10)
+
+  def stop(self) -> None:
+    for node in self.nodes: self.kill(node)
+    shutil.rmtree(self.dir, ignore_errors=True)
+
+@pytest.fixture(scope="module")
+def cluster():
+  c = Cluster()
+  try: yield c
+  finally: c.stop()
+
+@pytest.fixture(scope="module")
+def node_loss_routes(scene, tmp_path_factory) -> list[Path]:
+  """Two routes of two segments, long enough (60 frames) to kill a node in the middle of one."""
+  d = tmp_path_factory.mktemp("node-loss")
+  for name in ("a", "b"): write_route(d / name, scene, segments=2, frames=60)
+  return [d / "a", d / "b"]
+
+@pytest.fixture(scope="module")
+def cluster_run(cluster, node_loss_routes, tiny_artifacts, tmp_path_factory) -> Path:
+  """The routes' output on both nodes without a fault: what a run with one must equal."""
+  out = tmp_path_factory.mktemp("clean") / "out"
+  r = batch(*node_loss_routes, "--artifacts", tiny_artifacts, "--out", out, "--address", cluster.address, "--workers", 2, env=cluster.env)
+  assert r.returncode == 0, r.stderr
+  return out
+
+def node_lost_during(cluster: Cluster, routes: list[Path], artifacts: Path, out: Path, when) -> tuple[str, str]:
+  """The job on the cluster, its worker node killed once when(node's pids) holds; its stdout and stderr, once it exits 0."""
+  node = cluster.live_node()
+  p = start_batch(*routes, "--artifacts", artifacts, "--out", out, "--address", cluster.address, "--workers", 2, env=cluster.env)
+  try:
+    deadline = time.monotonic() + 120
+    while not when(cluster.processes(node)):
+      assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+      time.sleep(0.005)
+    cluster.kill(node)
+    stdout, stderr = p.communicate(timeout=300)
+  finally:
+    if p.poll() is None: p.kill()
+  assert p.returncode == 0, stderr
+  return stdout, stderr
+
+def assert_same_output(out: Path, clean: Path) -> None:
+  """out holds what clean does and nothing else (no temporary output), each segment's messages equal but for the
+  run's timings, and its counts but for the times."""
+  files = lambda d: sorted(str(f.relative_to(d)) for f in d.rglob("*"))
+  assert files(out) == files(clean), f"expected {files(clean)}, got {files(out)}"
+  for seg in clean.glob("*/*--*"):
+    assert messages(out / seg.relative_to(clean)) == messages(seg), seg.name
+    counts = [{k: v for k, v in json.loads((d / "counts.json").read_text()).items() if not k.endswith("_s")} for d in (out / seg.relative_to(clean), seg)]
+    assert counts[0] == counts[1], (seg.name, counts)
+
+def writes_a_segment(out: Path):
+  """when(): one of the pids has a temporary output under out open (a worker in the middle of a segment)."""
+  def when(pids: list[int]) -> bool:
+    for pid in pids:
+      try:
+        if any(str(out) in (l := os.readlink(f)) and ".tmp/" in l for f in Path(f"/proc/{pid}/fd").iterdir()): return True
+      except OSError: pass   # gone meanwhile
+    return False
+  return when
+
+def starts_a_worker(pids: list[int]) -> bool:
+  """when(): one of the pids is a SegmentWorker loading its artifacts."""
+  for pid in pids:
+    try:
+      if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::SegmentWorker.__init__"): return True
+    except OSError: pass
+  return False
+
+def test_a_node_lost_in_a_segment_costs_its_rerun_not_the_job(cluster, cluster_run, node_loss_routes, tiny_artifacts, tmp_path):
+  """Two nodes, a worker each: the worker node killed (every process of it) while its worker writes a segment. The
+  segment goes back to the queue and the head's worker runs it again (the dead worker's queued segment too, not
+  counted as a re-run); the job exits 0, the summary says what was run again and why, nothing is left under OUT but
+  the finished segments, and every segment's output equals that of the run without the fault."""
+  out, err = node_lost_during(cluster, node_loss_routes, tiny_artifacts, tmp_path / "out", writes_a_segment(tmp_path / "out"))
+  assert "back to the queue" in err, err
+  summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+  assert [(s["done"], s["errors"]) for s in summary["routes"]] == [(2, [])] * 2, summary
+  assert sum(s["rerun"] for s in summary["routes"]) == 1 and all(w.startswith("worker lost: ") for s in summary["routes"] for w in s["rerun_why"])
+  assert "run again 1 time(s): worker lost: " in out, out
+  assert_same_output(tmp_path / "out", cluster_run)
+
+def test_a_node_lost_while_the_workers_start_fails_nothing(cluster, cluster_run, node_loss_routes, tiny_artifacts, tmp_path):
+  """The worker node killed while its worker loads the artifacts: the head's worker runs every segment (the job does
+  not wait for the lost one, which Ray reports only when it has missed the node's heartbeats); exit 0, the same
+  output as without the fault, and nothing else under OUT."""
+  node_lost_during(cluster, node_loss_routes, tiny_artifacts, tmp_path / "out", starts_a_worker)
+  summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+  assert [(s["done"], s["errors"], s["rerun"]) for s in summary["routes"]] == [(2, [], 0)] * 2, summary
+  assert_same_output(tmp_path / "out", cluster_run)
