@@ -7,23 +7,21 @@ id and SOF/EOF timestamps (monotonic ns). All streams of one tick share the fram
 """
 from __future__ import annotations
 import argparse, logging, sys, time
-import numpy as np
 from modeld_service import Stats, add_log_level, StopFlag, Watchdog, notify, set_process_title, setup_logging
 from modeld_service.extras import needs_extra
-from cereal import log as capnp_log, messaging
-from cereal.services import (ANSWERS, CAMERA_OF_STREAM as CAMERA_OF, CAMERA_STATE_SERVICES, SERVICES, answer_streams,
-                             road_streams)
+from cereal import messaging
+from cereal.services import (CAMERA_OF_STREAM as CAMERA_OF, CAMERA_STATE_SERVICES, SERVICES)
 from msgq import IpcError
-from msgq.zmq import RECONNECT_IVL_MAX_S
 from msgq.visionipc import NV12Layout, VisionIpcServer
 from msgq.visionipc.server import MAX_BUFFERS
 from camerad.scene import shipped_scenes
 with needs_extra("camerad", "camera"):   # PyAV and zstandard: video files, devices and logs
   from oproute.video import VideoError
   from camerad.sources import REPUBLISHABLE, STREAMS, NoFramesError, OptionError, Source, SourceError, Tick, open_source
+  from camerad.frames import FrameWriter, camera_state
+  from camerad.lockstep import LOCKSTEP_SETTLE_S, Lockstep, LockstepTimeout
 
 log = logging.getLogger("camerad")
-SENSORS = set(capnp_log.FrameData.ImageSensor.schema.enumerants)
 BEHIND_RESET_S = 0.5   # real-time pacing that falls this far behind starts counting from now again
 
 EPILOG = f"""sources (--source, repeatable for video files):
@@ -150,139 +148,7 @@ class Pacer:
       self.idle()
       time.sleep(min(left, 0.1))
 
-class LockstepTimeout(Exception): pass
 
-class SourceClock:
-  """Lockstep frame times: the source's own, not the send time. A log's frames keep their recorded timestamps; other
-  sources' start at the first frame's send time and advance by source time. So modeld's frame sync sees the source's
-  frame spacing whatever pace the daemons set (and does not wait for a newer frame that lockstep will not send), and
-  a replay's outputs carry the log's times. A new loop pass continues one frame period after the last frame."""
-  def __init__(self, fps: float):
-    self.period, self.shift, self.last = int(1e9 / fps), None, None
-
-  def new_pass(self) -> None: self.shift = None
-
-  def times(self, tick: Tick, stream: int, fill_ns: int) -> tuple[int, int]:
-    st = tick.states.get(stream)
-    sof, eof = (st.timestampSof, st.timestampEof) if st is not None else (round(tick.t * 1e9), round(tick.t * 1e9) + fill_ns)
-    if self.shift is None:
-      self.shift = 0 if self.last is None and st is not None else (time.monotonic_ns() if self.last is None else self.last + self.period) - sof
-    self.last = sof + self.shift
-    return sof + self.shift, eof + self.shift
-
-class FrameWriter:
-  """What camerad serves of a tick: each stream's frame written into a buffer, with the frame id and SOF/EOF times it
-  goes out with. A frame that cannot be written (a damaged picture) is skipped and counted in the source's `skipped`.
-  Ids are the source's index, continued across loop passes; in lockstep each stream's ids are consecutive from its
-  first frame on (a log's own up to its first gap): modeld takes a frame after a gap in the ids for one after a drop
-  and answers it with nothing, so lockstep would wait forever; for the same reason a road or wide frame whose partner
-  is missing (both served) is skipped and counted. Times: the write's own, in lockstep the source's
-  (SourceClock). modeld-batch serves its segments through this too, so its frames are numbered and timed as a
-  lockstep replay's."""
-  def __init__(self, source: Source, lockstep: bool):
-    self.source, self.lockstep, self.clock = source, lockstep, SourceClock(source.fps) if lockstep else None
-    self.last: dict[int, int] = {}   # each stream's last frame id
-    self.offset: int | None = None   # this pass's frame id less the source's index
-    pair = set(road_streams(source.streams) or ())
-    self.pair = pair if lockstep and len(pair) == 2 else set()   # road and wide, both served: in lockstep, only together
-
-  def new_pass(self) -> None:
-    self.offset = None
-    if self.clock is not None: self.clock.new_pass()
-
-  def write(self, tick: Tick, bufs: dict[int, tuple[np.ndarray, NV12Layout]]) -> dict[int, tuple[int, int, int]]:
-    """Writes the tick's frames into bufs ({stream: (buffer, its layout)}); {stream: (frame id, SOF, EOF)} of those written."""
-    if self.offset is None: self.offset = 0 if not self.last else max(self.last.values()) + 1 - tick.index
-    sof, written = time.monotonic_ns(), []
-    for s, (out, layout) in bufs.items():
-      try:
-        tick.frames[s](out, layout)
-        written.append(s)
-      except ValueError as e: self.source.skipped[f"{CAMERA_OF[s]}: {e}"] += 1
-    if len(alone := self.pair & set(written)) == 1:   # modeld runs a road frame only with its wide one: alone, it would never be answered
-      written.remove(s := alone.pop())
-      self.source.skipped[f"{CAMERA_OF[s]}: frame without its {CAMERA_OF[(self.pair - {s}).pop()]} frame (lockstep serves them together)"] += 1
-    eof = time.monotonic_ns()
-    if tick.ids:   # a device's own ids and times
-      self.last.update({s: tick.ids[s][0] for s in written})
-      return {s: tick.ids[s] for s in written}
-    ids = {s: self.last[s] + 1 if self.lockstep and s in self.last else tick.index + self.offset for s in written}
-    self.last.update(ids)
-    return {s: (i, *((sof, eof) if self.clock is None else self.clock.times(tick, s, eof - sof))) for s, i in ids.items()}
-
-# messages and frames travel on separate sockets: in lockstep, the messages that come before a frame get this long to be
-# taken in by the daemons (idle, waiting for that frame) before the frame goes out, so they apply to it and not later
-LOCKSTEP_SETTLE_S = 0.005
-# before frame 1: subscribers made before camerad's publishers connect within msgq's reconnect interval, and a daemon
-# takes its subscriptions live when it next polls (every 0.1 s while idle); at most LOCKSTEP_READERS_S for a reader each
-LOCKSTEP_CONNECT_S = RECONNECT_IVL_MAX_S + 0.2
-LOCKSTEP_READERS_S = 2.
-
-class Lockstep:
-  """Waits for the daemons' outputs (frameId == the frame just sent) before the next frame is sent."""
-  def __init__(self, services: list[str] | None, streams, timeout: float, stop: StopFlag, idle=lambda: None):
-    self.timeout, self.stop, self.idle, self.socks = timeout, stop, idle, {}
-    self.expect = answer_streams(services or ANSWERS, streams)   # any service not dmonitoringd's answers a road frame
-    if not self.expect: raise OptionError("--lockstep: the source serves no camera stream, nothing to wait for")
-    # the daemons waited for: modeld takes every road stream (its frames go in pairs), dmonitoringd the driver's; a
-    # stream no awaited answer comes from (the driver's with --lockstep-services modelV2) is served without waiting
-    road = set(road_streams(streams) or ())
-    self.clients = [s for s in streams if s in self.expect.values() or (s in road and road & set(self.expect.values()))]
-
-  def answers(self, streams) -> dict[str, int]:
-    """What answers a frame of these streams (of those served), and the stream whose frame id it carries: modeld's
-    modelV2 the main camera's frame, dmonitoringd's driverStateV2 the driver's (or the --lockstep-services given)."""
-    return {s: stream for s, stream in self.expect.items() if stream in streams}
-
-  def wait_for_clients(self, server: VisionIpcServer, pm, since: float) -> None:
-    """Before the first frame: a frame sent before a daemon's client subscribed would never be answered, and messages
-    sent before its subscriptions reach camerad's publishers (up since `since`) would be lost (a log's calibration,
-    say). Publishers no daemon subscribes to within LOCKSTEP_READERS_S are not waited for."""
-    deadline = time.monotonic() + self.timeout
-    while not self.stop and not all(server.has_readers(s) for s in self.clients):
-      if time.monotonic() > deadline:
-        missing = [CAMERA_OF[s] for s in self.clients if not server.has_readers(s)]
-        raise LockstepTimeout(f"--lockstep: no VisionIPC client for {', '.join(missing)} within {self.timeout:g} s: is the daemon running?")
-      self.idle()
-      time.sleep(0.01)
-    readers_deadline = time.monotonic() + LOCKSTEP_READERS_S
-    while not self.stop and (time.monotonic() < since + LOCKSTEP_CONNECT_S or
-                             (time.monotonic() < readers_deadline and not all(pm.all_readers_updated(s) for s in pm.sock))):
-      self.idle()
-      time.sleep(0.01)
-    # subscribe now: a daemon's publisher is normally up once its camera client is, and a subscription to a running
-    # publisher is live when sub_sock returns, so the answer to the first frame cannot slip by while connecting
-    self.socks = {s: messaging.sub_sock(s, timeout=100) for s in self.expect}   # not conflated: no answer is missed
-
-  def wait(self, frame_ids: dict[int, int]) -> None:
-    """frame_ids: the frame just sent on each stream."""
-    deadline = time.monotonic() + self.timeout
-    for svc, stream in self.answers(frame_ids).items():
-      frame_id = frame_ids[stream]
-      while not self.stop:
-        self.idle()   # a slow daemon is not a hung camerad: keep the service manager's watchdog fed
-        if (dat := self.socks[svc].receive()) is not None:
-          # an event of another service on this topic is skipped too: reading it as this one would raise
-          try: ev = messaging.log_from_bytes(dat, expect=svc)
-          except messaging.MalformedMessageError as e: log.warning("lockstep: malformed %s ignored: %s", svc, e)
-          else:
-            if getattr(ev, svc).frameId == frame_id: break
-        if time.monotonic() > deadline:
-          raise LockstepTimeout(f"--lockstep: no {svc} for frame {frame_id} within {self.timeout:g} s: is the daemon running?")
-
-  def close(self) -> None:
-    for s in self.socks.values(): s.close()
-
-def camera_state(svc: str, frame_id: int, source_index: int, sof: int, eof: int, processing_s: float, sensor: str, recorded=None):
-  """The camera-state message of a frame served as frame_id. frameIdSensor is the frame's index in the source (scene
-  frame, video frame, the log's frame id): frame ids can differ from it (a loop continues them, lockstep closes a
-  log's gaps), so this is what ties an output back to its source frame."""
-  msg = messaging.new_message(svc)
-  if recorded is not None: setattr(msg, svc, recorded)   # keep the recorded fields; this run's id and times below
-  st = getattr(msg, svc)
-  st.frameId, st.frameIdSensor, st.timestampSof, st.timestampEof, st.processingTime = frame_id, source_index, sof, eof, processing_s
-  st.sensor = sensor if sensor in SENSORS else "unknown"
-  return msg
 
 def artifact_layouts(artifacts: str, streams: dict[int, tuple[int, int]]) -> dict[int, NV12Layout]:
   """Each stream's layout, one the artifacts' warps take (modelrt.artifact.camerad_layouts). A camera of a size the

@@ -53,7 +53,7 @@ def replay_segment(src: str, out: str, runners: Runners) -> dict:
   from cereal import messaging
   from cereal.services import ANSWERS, CAMERA_STATE_SERVICES, CAMERAS, STREAM_OF_STATE, road_streams
   from camerad.sources import LogSource
-  from camerad.main import FrameWriter, camera_state
+  from camerad.frames import FrameWriter, camera_state
   from modelrt.artifact import stream_layouts
   from modeld_service import Stats
   from dmonitoringd.model import DriverModel
