@@ -131,8 +131,8 @@ def bare_runners(art, layout: NV12Layout, images: dict[int, np.ndarray]) -> dict
   """For each daemon, a function running one bare replay of its artifact (runner.run on buffers like the camera's)."""
   from modelrt.artifact import load_artifact
   from modelrt.runner import RoadRunner, DMRunner, HostBuf
-  from modelrt.geometry import road_warp_matrix, dm_warp_matrix
-  from modelrt.calibration import camera_for
+  from transformations.model import road_warp_matrix, dm_warp_matrix
+  from transformations.camera import camera_for
   bufs = {s: [HostBuf(layout, images[s], s, i) for i in range(4)] for s in (ROAD, WIDE_ROAD, DRIVER)}
   road = RoadRunner(load_artifact(art, 'road'), layout, layout)
   road.set_transforms(road_warp_matrix(np.zeros(3), camera_for('ar0231', 'road', layout.width, layout.height)),

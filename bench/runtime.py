@@ -147,8 +147,8 @@ def reference() -> None:
   from msgq.visionipc.layout import NV12Layout
   from modelrt.artifact import load_artifact
   from modelrt.runner import RoadRunner, DMRunner, HostBuf
-  from modelrt.geometry import road_warp_matrix, dm_warp_matrix
-  from modelrt.calibration import camera_for
+  from transformations.model import road_warp_matrix, dm_warp_matrix
+  from transformations.camera import camera_for
 
   layout = NV12Layout.aligned(1928, 1208)
   t = time.perf_counter()

@@ -2,7 +2,7 @@
 from __future__ import annotations
 import logging, time
 from cereal import messaging
-from modeld_service import StopFlag
+from service import StopFlag
 from cereal.services import ANSWERS, CAMERA_OF_STREAM as CAMERA_OF, answer_streams, road_streams
 from msgq.zmq import RECONNECT_IVL_MAX_S
 from msgq.visionipc import VisionIpcServer

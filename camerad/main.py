@@ -7,8 +7,8 @@ id and SOF/EOF timestamps (monotonic ns). All streams of one tick share the fram
 """
 from __future__ import annotations
 import argparse, logging, sys, time
-from modeld_service import Stats, add_log_level, StopFlag, Watchdog, notify, set_process_title, setup_logging
-from modeld_service.extras import needs_extra
+from service import Stats, add_log_level, StopFlag, Watchdog, notify, set_process_title, setup_logging
+from service.extras import needs_extra
 from cereal import messaging
 from cereal.services import (CAMERA_OF_STREAM as CAMERA_OF, CAMERA_STATE_SERVICES, SERVICES)
 from msgq import IpcError

@@ -7,7 +7,7 @@ antialiased horizontally), draws the lead and applies the lighting. Y is written
 The grass is kept in a private copy of each background between frames and only the pixels whose side of a road
 edge changed are rewritten (a few per row; the road edges move slowly), so a frame costs a copy of the background
 and what moves: a frame depends on its number only, never on the frames rendered before it.
-The projection is modelrt.geometry.camera_from_calib, nothing else. Radiometry: docs/SCENES.md.
+The projection is transformations.camera.camera_from_calib, nothing else. Radiometry: docs/SCENES.md.
 """
 from __future__ import annotations
 import json, math
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import IO
 import numpy as np
 from msgq.visionipc.layout import NV12Layout
-from modelrt.geometry import camera_from_calib
+from transformations.camera import camera_from_calib
 from camerad.scene import CAMERAS, Scene
 
 X_MAX = 250.0          # metres: paint is drawn up to here; ground beyond it, up to the horizon, is haze

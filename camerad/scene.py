@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 import numpy as np
-from modelrt.constants import X_IDXS, DM_WIDTH, DM_HEIGHT
-from modelrt.calibration import DEFAULT_SENSOR
-from modelrt.geometry import CAM_HEIGHT, CameraConfig, camera_config, dm_warp_matrix
+from transformations.model import DM_WIDTH, DM_HEIGHT, dm_warp_matrix
+from modelrt.constants import X_IDXS
+from transformations.camera import DEFAULT_SENSOR, CAM_HEIGHT, CameraConfig, camera_config
 
 SCENES_DIR = Path(__file__).parent / 'scenes'
 CAMERAS = ('road', 'wide', 'driver')

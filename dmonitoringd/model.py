@@ -14,8 +14,8 @@ from __future__ import annotations
 import time
 import numpy as np
 from cereal.services import DMONITORINGD_INPUTS, DMONITORINGD_OUTPUTS
-from modelrt.calibration import sensor_name, camera_for
-from modelrt.geometry import dm_warp_matrix
+from transformations.camera import sensor_name, camera_for
+from transformations.model import dm_warp_matrix
 from modeld_common.daemon import FrameModel, FrameRun
 from dmonitoringd.fill_msgs import fill_driver_state, fill_monitoring_state
 from dmonitoringd.parse import parse_dm_outputs

@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 import numpy as np
 from cereal.services import CAMERA_OF_STREAM, CAMERA_STATE_SERVICES, MODELD_INPUTS, MODELD_OUTPUTS
-from modelrt.calibration import sensor_name, camera_for
-from modelrt.geometry import road_warp_matrix
+from transformations.camera import sensor_name, camera_for
+from transformations.model import road_warp_matrix
 from modeld_common.daemon import FrameModel, FrameRun
 from modeld.desire import Desire, DesireHelper
 from modeld.fill_msgs import Action, FrameInfo, PublishState, action_times, fill_model_msgs, fits_float32, get_action, path_coefficients

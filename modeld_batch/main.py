@@ -16,8 +16,8 @@ import argparse, json, os, shutil, signal, socket, sys, time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from modeld_service import reader_left
-from modeld_service.extras import needs_extra
+from service import reader_left
+from service.extras import needs_extra
 
 RETRIES = 3   # a segment whose worker died (killed, out of memory) is run again this often on a new worker
 # how long --address gets to accept a connection: ray.init() would retry an address where nothing listens for many

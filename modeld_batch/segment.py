@@ -55,7 +55,7 @@ def replay_segment(src: str, out: str, runners: Runners) -> dict:
   from camerad.sources import LogSource
   from camerad.frames import FrameWriter, camera_state
   from modelrt.artifact import stream_layouts
-  from modeld_service import Stats
+  from service import Stats
   from dmonitoringd.model import DriverModel
   from modeld.model import RoadModel
   from msgq.visionipc import DRIVER

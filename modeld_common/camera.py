@@ -2,7 +2,7 @@
 from __future__ import annotations
 import logging, time
 from collections.abc import Callable
-from modeld_service import StopFlag
+from service import StopFlag
 
 log = logging.getLogger(__name__)
 POLL_S = 0.1   # openpilot polls available streams every 0.1 s

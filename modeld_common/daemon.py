@@ -19,10 +19,10 @@ from typing import Any, NoReturn
 from collections.abc import Callable
 import numpy as np
 from msgq import MultiplePublishersError
-from modeld_service import Stats, add_log_level, StopFlag, Watchdog, exit_now, notify, set_process_title, setup_logging
+from service import Stats, add_log_level, StopFlag, Watchdog, exit_now, notify, set_process_title, setup_logging
 from modeld_common.camera import StreamWatch, connect, wait_for_streams
-from modelrt.calibration import DEFAULT_SENSOR, Calibration
-from modelrt.geometry import SENSORS
+from transformations.camera import DEFAULT_SENSOR, SENSORS
+from modelrt.calibration import Calibration
 
 EX_CONFIG = 78   # sysexits: the configuration (artifact vs camera) is wrong; restarting will not help
 RECV_TIMEOUT_MS = 100   # the loop checks the stop flag and kicks the watchdog at least this often

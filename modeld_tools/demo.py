@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 import numpy as np
-from modeld_service.extras import needs_extra
+from service.extras import needs_extra
 
 # the default scene: 12 s that repeat seamlessly (every track has period 12 s), so camerad loops it and frame f shows
 # scene frame f % 240: a curve; a lead that appears, then closes in and falls back on the straight (a near lead on a
@@ -171,7 +171,7 @@ class Monitor:
                      drop=m.frameDropPerc)
 
   def on_driver(self, d, warm: bool) -> None:
-    from modelrt.constants import DM_WIDTH, DM_HEIGHT
+    from transformations.model import DM_WIDTH, DM_HEIGHT
     t = self.truth(d.frameId)['driver']
     side = d.rightDriverData if t['wheel_on_right'] else d.leftDriverData
     pos = np.asarray(side.facePosition, np.float64)
@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
   os.environ['OPENPILOT_PREFIX'] = prefix   # before any socket: this process and its children use the private prefix
   env = {**os.environ, 'DEV': os.environ.get('DEV', 'CPU')}
   from cereal import messaging
-  from modeld_service import StopFlag
+  from service import StopFlag
   stop = StopFlag()
   mon, children, socks = Monitor(scene), [], {}
   tty, t0, exit_code = sys.stdout.isatty(), time.monotonic(), 0

@@ -7,7 +7,7 @@ the TCP address), and it goes on waiting.
 import argparse, base64, json, os, sys, time
 import numpy as np
 from cereal.services import SERVICES
-from modeld_service import reader_left
+from service import reader_left
 
 WAITING_NOTE_S = 3.   # with nothing of a service by then, say so: a missing publisher or a wrong --addr/--prefix is silent
 

@@ -8,8 +8,8 @@ import argparse, sys, time
 from fractions import Fraction
 import numpy as np
 import zmq
-from modeld_service import StopFlag, add_log_level, setup_logging
-from modeld_service.extras import needs_extra
+from service import StopFlag, add_log_level, setup_logging
+from service.extras import needs_extra
 from cereal import messaging
 from cereal.services import CAMERA_OF_STREAM, CAMERAS
 from msgq import tcp_port

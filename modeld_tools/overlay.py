@@ -4,7 +4,7 @@ Road and wide cameras: lane lines (colour and width by probability), road edges,
 of a car's size at its distance, with its probability) and a panel with frame id, execution time, drops and the
 model's confidence. Driver camera: the face box and eye state of the driver's side, phone and awareness.
 
-Every point is projected with modelrt.geometry (camera_from_calib for the road, dm_warp_matrix for the driver) and
+Every point is projected with transformations (camera_from_calib for the road, dm_warp_matrix for the driver) and
 the calibration in force (liveCalibration), the same geometry the daemons and the synthetic scenes use.
 
 Background of a recorded frame: the route's video of that camera when it was recorded; otherwise the synthetic scene
@@ -17,13 +17,13 @@ import argparse, os, sys, time
 from dataclasses import dataclass
 from collections.abc import Iterator
 import numpy as np
-from modeld_service.extras import needs_extra
+from service.extras import needs_extra
 with needs_extra('modeld-overlay', 'tools'):
   from PIL import Image, ImageDraw, ImageFont
 from cereal.services import CAMERAS
-from modelrt.constants import DM_HEIGHT, DM_WIDTH, X_IDXS
-from modelrt.calibration import DEFAULT_SENSOR, camera_for, sensor_name
-from modelrt.geometry import CAM_HEIGHT, CameraConfig, camera_config, camera_from_calib, dm_warp_matrix
+from modelrt.constants import X_IDXS
+from transformations.camera import DEFAULT_SENSOR, camera_for, sensor_name, CAM_HEIGHT, CameraConfig, camera_config, camera_from_calib
+from transformations.model import DM_HEIGHT, DM_WIDTH, dm_warp_matrix
 from msgq.visionipc.layout import NV12Layout
 
 CAR_HALF_WIDTH = 0.9       # m: the path is drawn as wide as a car, the lead box too

@@ -13,7 +13,7 @@ import argparse, sys
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
-from modeld_service.extras import needs_extra
+from service.extras import needs_extra
 from modelrt.constants import X_IDXS
 
 LANE_DISTANCES = (10., 30., 60.)   # m ahead where lane positions are plotted

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse, errno, logging, queue, sys, threading, time
 from datetime import datetime
 from pathlib import Path
-from modeld_service import Stats, add_log_level, StopFlag, Watchdog, notify, set_process_title, setup_logging
-from modeld_service.extras import needs_extra
+from service import Stats, add_log_level, StopFlag, Watchdog, notify, set_process_title, setup_logging
+from service.extras import needs_extra
 from cereal import messaging
 from cereal.services import CAMERAS, SERVICES
 from msgq.visionipc.wire import socket_path

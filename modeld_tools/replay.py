@@ -17,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from cereal.services import ANSWERS, CAMERA_OF_STREAM, CAMERA_STATE_SERVICES, CAMERAS, STREAM_OF_STATE, answer_streams
 from msgq import remove_stack
-from modeld_service.extras import needs_extra
+from service.extras import needs_extra
 from modelrt.artifact import ArtifactError, camerad_layouts
 with needs_extra("modeld-replay", "tools"):   # zstandard and PyAV: the route's logs and video
   from camerad.sources import LogSource, SourceError

@@ -1,12 +1,10 @@
-"""Model inputs from the car's messages that both daemons share: the checked calibration and the camera geometry."""
+"""The calibration both daemons take from liveCalibration: rpyCalib checked, the last good one kept."""
 from __future__ import annotations
 import logging
 from collections.abc import Iterable
 import numpy as np
-from modelrt.geometry import CameraConfig, camera_config, SENSORS
 
 log = logging.getLogger(__name__)
-DEFAULT_SENSOR = 'ar0231'
 MAX_CALIB_ANGLE = np.pi / 2   # rad: beyond this a "calibration" is a broken producer, not a mounted camera
 
 class CalibrationError(ValueError): pass
@@ -32,18 +30,3 @@ class Calibration:
       return
     if not self.valid and self.errors: log.info("calibration good again: %s", new.round(4).tolist())
     self.rpy, self.valid = new, True
-
-def sensor_name(msg_sensor: str, override: str | None, size: tuple[int, int] | None = None) -> str:
-  """The camera sensor: the CLI override, else the camera-state message's, else the first sensor whose cameras have
-  the stream's size (width, height), else DEFAULT_SENSOR. By size, as openpilot's driver model picks its geometry:
-  a 1344x760 stream before its first camera-state message is the os04c10's, not a scaled ar0231."""
-  if override: return override
-  if msg_sensor in SENSORS: return msg_sensor
-  return next((s for s, cams in SENSORS.items() if size and (cams['road'].width, cams['road'].height) == tuple(size)), DEFAULT_SENSOR)
-
-def camera_for(sensor: str, camera: str, width: int, height: int, base: CameraConfig | None = None) -> CameraConfig:
-  """The camera geometry of a stream of width x height: `base` (a scene's own camera), else the sensor's. A stream
-  smaller or larger than that camera (scaled output) keeps its field of view: the focal length scales with the width."""
-  cam = base or camera_config(sensor, camera)
-  if (cam.width, cam.height) == (width, height): return cam
-  return CameraConfig(width, height, cam.focal_length * width / cam.width)

@@ -16,7 +16,7 @@ from tinygrad import Tensor, TinyJit, Device, dtypes
 from tinygrad.helpers import Context, tqdm   # tinygrad's own bar: the base install has no tqdm
 from tinygrad.uop.ops import Ops
 from msgq.visionipc.layout import NV12Layout
-from modelrt.constants import MODEL_WIDTH, MODEL_HEIGHT, DM_WIDTH, DM_HEIGHT
+from transformations.model import MODEL_WIDTH, MODEL_HEIGHT, DM_WIDTH, DM_HEIGHT
 from modelrt.modeldef import ModelDef
 from modelrt.contracts import CONTRACTS, FAMILY_MODELS, ContractError, Model, identify
 from modelrt.guard import TensorSpec, GuardedJit, buffer_of
@@ -151,11 +151,12 @@ def build_jit(name: str, fn: Callable, plans: list[InputPlan], device: str, out_
 
 def code_sources() -> dict[str, bytes]:
   """{module: source} of the code a build's programs are made from: every module of this package (the captured
-  functions, the warps, the ONNX lowering, the casts ModelDef.fed inserts, the contracts, constants, geometry, the
-  runner's queue shape, the reference models) and the NV12 layouts the warps bake in. The whole package, not a list
-  of modules, so that no dependency can be left out; an edit that changes no program only costs a rebuild."""
-  pkg = pathlib.Path(__file__).resolve().parent
-  files = {'.'.join(p.relative_to(pkg.parent).with_suffix('').parts): p for p in pkg.rglob('*.py')}
+  functions, the warps, the ONNX lowering, the casts ModelDef.fed inserts, the contracts, constants, the runner's
+  queue shape, the reference models), the geometry (transformations) and the NV12 layouts the warps bake in. Whole
+  packages, not a list of modules, so that no dependency can be left out; an edit that changes no program only costs
+  a rebuild."""
+  root = pathlib.Path(__file__).resolve().parents[1]
+  files = {'.'.join(p.relative_to(root).with_suffix('').parts): p for pkg in ('modelrt', 'transformations') for p in (root / pkg).rglob('*.py')}
   files[NV12Layout.__module__] = pathlib.Path(sys.modules[NV12Layout.__module__].__file__)
   return {name: p.read_bytes() for name, p in files.items()}
 

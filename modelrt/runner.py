@@ -14,7 +14,8 @@ from tinygrad import Tensor, dtypes
 from tinygrad.device import Buffer
 from msgq.visionipc.layout import NV12Layout
 from modelrt.artifact import Artifact, load_artifact
-from modelrt.constants import DESIRE_LEN, TRAFFIC_CONVENTION_LEN, FRAME_SKIP, IMG_CHANNELS, IMG_QUEUE_LEN, MODEL_HEIGHT, MODEL_WIDTH
+from transformations.model import MODEL_HEIGHT, MODEL_WIDTH
+from modelrt.constants import DESIRE_LEN, TRAFFIC_CONVENTION_LEN, FRAME_SKIP, IMG_CHANNELS, IMG_QUEUE_LEN
 from modelrt.guard import CameraLayoutError, GuardedJit, buffer_of
 
 ALIGN = 64   # bytes: from_blob's kernels need 16 (clang's CPU kernels segfault on less); a cache line to be safe

@@ -1,6 +1,6 @@
 """Camera warps as tinygrad ops (capturable in a TinyJit), their numpy references, and the model image history.
 
-The 3x3 transform (model pixel -> camera pixel, see modelrt.geometry) is a Tensor input, so a calibration change
+The 3x3 transform (model pixel -> camera pixel, see transformations.model) is a Tensor input, so a calibration change
 is a new value at the next replay, never a re-capture. The buffer layout (NV12Layout) is Python, fixed per capture.
 
 Conventions, shared with the numpy references:
@@ -18,7 +18,8 @@ Conventions, shared with the numpy references:
 import numpy as np
 from tinygrad import Tensor, dtypes
 from tinygrad.helpers import Context
-from modelrt.constants import MODEL_WIDTH, MODEL_HEIGHT, IMG_CHANNELS, IMG_QUEUE_LEN, DM_WIDTH, DM_HEIGHT
+from transformations.model import MODEL_WIDTH, MODEL_HEIGHT, DM_WIDTH, DM_HEIGHT
+from modelrt.constants import IMG_CHANNELS, IMG_QUEUE_LEN
 from msgq.visionipc.layout import NV12Layout
 
 # openpilot v0.11.1 fills the driver model's pixels outside the camera with 0 (later releases: 16, luma black). Only a

@@ -13,7 +13,7 @@ from camerad.render import SceneRenderer
 from camerad.scene import Scene
 from modelrt.artifact import Artifact, load_artifact
 from modelrt.constants import DESIRE_LEN
-from modelrt.geometry import road_warp_matrix, dm_warp_matrix
+from transformations.model import road_warp_matrix, dm_warp_matrix
 from modelrt.runner import DMRunner, HostBuf, RoadRunner
 from msgq.visionipc import DRIVER, ROAD, WIDE_ROAD
 from msgq.visionipc.layout import NV12Layout

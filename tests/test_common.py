@@ -1,8 +1,8 @@
-"""modeld_service: the service-manager notify protocol over real datagram sockets, the watchdog, stderr logging,
+"""service: the service-manager notify protocol over real datagram sockets, the watchdog, stderr logging,
 the signal stop flag and the periodic stats, in this process and in child processes."""
 import logging, os, signal, socket, subprocess, sys, textwrap, time
 import pytest
-from modeld_service import Stats, Watchdog, notify
+from service import Stats, Watchdog, notify
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -63,7 +63,7 @@ def _child(code: str, env: dict | None = None, **kw) -> subprocess.Popen:
 
 LOG = """
 import logging
-from modeld_service import setup_logging
+from service import setup_logging
 setup_logging('INFO')
 logging.getLogger('modeld').info('stats rate=%.1fHz', 20.0)
 logging.getLogger('modeld').debug('not shown')
@@ -82,7 +82,7 @@ def test_repeated_warnings_are_rate_limited():
   held back; what is still held back at exit is written then, with its count."""
   out = _child("""
     import logging, time
-    from modeld_service import setup_logging
+    from service import setup_logging
     setup_logging('DEBUG', rate_limit=0.3)
     log = logging.getLogger('modeld')
     for i in range(100):
@@ -104,7 +104,7 @@ def test_distinct_diagnostics_all_show_and_real_repeats_do_not():
   through a '%s' template); the same message again within the interval is held back and counted at exit."""
   out = _child("""
     import logging
-    from modeld_service import setup_logging
+    from service import setup_logging
     setup_logging('INFO')
     log = logging.getLogger('camerad')
     log.warning('not served: %s', 'driver: no dcamera.hevc')
@@ -121,7 +121,7 @@ def test_stop_flag_ends_the_loop_on_sigterm_and_sigint():
   for sig in (signal.SIGTERM, signal.SIGINT):
     p = _child("""
       import time
-      from modeld_service import StopFlag, set_process_title
+      from service import StopFlag, set_process_title
       set_process_title('stoptest')
       stop = StopFlag()
       print('up', flush=True)

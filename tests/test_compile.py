@@ -139,7 +139,8 @@ def test_failed_build_keeps_the_old_artifact_and_leaves_no_temp(tmp_path):
 
 # ***** what a build is addressed by *****
 
-@pytest.mark.parametrize('module', ['modelrt.compile', 'modelrt.warp', 'modelrt.onnx_import', 'modelrt.constants', 'modelrt.geometry',
+@pytest.mark.parametrize('module', ['modelrt.compile', 'modelrt.warp', 'modelrt.onnx_import', 'modelrt.constants', 'transformations.camera',
+                                    'transformations.model',
                                     'modelrt.contracts', 'modelrt.modeldef', 'modelrt.runner', 'msgq.visionipc.layout'])
 def test_the_build_id_covers_the_code_the_programs_are_made_from(monkeypatch, module):
   """Each module the captured programs depend on (the captured functions, warps, ONNX lowering, constants, geometry,

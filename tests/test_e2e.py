@@ -12,7 +12,8 @@ from tests.daemon_harness import Camera, Collector, Daemon, Notify
 from cereal import messaging
 from camerad.render import SceneRenderer
 from camerad.scene import load_scene
-from modelrt.constants import DM_HEIGHT, DM_WIDTH, X_IDXS
+from transformations.model import DM_HEIGHT, DM_WIDTH
+from modelrt.constants import X_IDXS
 from msgq import runtime_dir
 from msgq.visionipc import ROAD, WIDE_ROAD
 from msgq.visionipc.layout import NV12Layout

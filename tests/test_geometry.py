@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
-from modelrt.constants import DM_WIDTH, DM_HEIGHT, MODEL_WIDTH, MODEL_HEIGHT
-from modelrt.geometry import (SENSORS, CameraConfig, camera_config, rot_from_euler, camera_from_calib, road_warp_matrix,
-                              dm_warp_matrix, MEDMODEL_INTRINSICS, SBIGMODEL_INTRINSICS, VIEW_FROM_DEVICE)
+from transformations.camera import SENSORS, VIEW_FROM_DEVICE, CameraConfig, camera_config, rot_from_euler, camera_from_calib
+from transformations.model import (DM_WIDTH, DM_HEIGHT, MODEL_WIDTH, MODEL_HEIGHT, MEDMODEL_INTRINSICS, SBIGMODEL_INTRINSICS,
+                                   road_warp_matrix, dm_warp_matrix)
 
 CAM = camera_config('ox03c10', 'road')
 RPY = (0.02, -0.035, 0.015)   # a real-looking calibration: roll, pitch, yaw (rad)

@@ -7,7 +7,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 # bottom up; a module belongs to the layer of its longest listed prefix
 LAYERS = [
-  ("messaging", ["msgq", "cereal", "modeld_service"]),
+  ("messaging", ["msgq", "cereal", "service"]),
+  ("geometry", ["transformations"]),
   ("routes", ["oproute"]),
   ("model runtime", ["modelrt"]),
   ("camera sources", ["camerad"]),

@@ -17,10 +17,11 @@ from modeld.fill_msgs import (Action, FrameInfo, PublishState, action_times, fil
                               hard_brake_predicted, update_confidence)
 from modeld.model import RoadModel
 from modeld_common.daemon import EX_CONFIG, FrameRun
-from modeld_service import Stats
+from service import Stats
 from modelrt.runner import RoadRunner, _output
 from modeld.parse import parse_outputs
-from modelrt.calibration import Calibration, CalibrationError, check_rpy, sensor_name, camera_for
+from transformations.camera import sensor_name, camera_for
+from modelrt.calibration import Calibration, CalibrationError, check_rpy
 
 OUTPUTS = ['modelV2', 'drivingModelData', 'cameraOdometry']
 

@@ -9,7 +9,7 @@ from camerad.render import SceneRenderer
 from camerad.scene import load_scene, parse_scene
 from modelrt.constants import X_IDXS, T_IDXS
 from modelrt.contracts import ROAD_V0_11_1
-from modelrt.geometry import dm_warp_matrix, road_warp_matrix
+from transformations.model import dm_warp_matrix, road_warp_matrix
 from modelrt.reference import vision_model, policy_model, dm_model
 from modelrt.runner import host_tensor
 from dmonitoringd.policy import face_pose

@@ -1,5 +1,5 @@
 """Synthetic scenes: JSON validation, tracks, deterministic NV12 rendering into any buffer layout, and ground truth
-that agrees with the pixels (projected through modelrt.geometry, the same projection the daemons' warps use)."""
+that agrees with the pixels (projected through transformations, the same projection the daemons' warps use)."""
 import copy, io, json, math
 from functools import cache
 import numpy as np
@@ -7,7 +7,8 @@ import pytest
 from camerad.scene import SCENES_DIR, SceneError, Track, load_scene, parse_scene
 from camerad.render import EYE, LEAD_BODY, PAINT, PHONE, SKIN, SceneRenderer, write_truth
 from modelrt.constants import X_IDXS
-from modelrt.geometry import camera_from_calib, dm_warp_matrix
+from transformations.model import dm_warp_matrix
+from transformations.camera import camera_from_calib
 from msgq.visionipc.layout import NV12Layout
 
 SHIPPED = sorted(p.stem for p in SCENES_DIR.glob('*.json'))

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 from camerad.scene import load_scene
 from cereal.services import CAMERAS
-from modelrt.geometry import camera_from_calib
+from transformations.camera import camera_from_calib
 from msgq import runtime_dir
 from tests.daemon_harness import Notify
 

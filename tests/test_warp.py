@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit, dtypes
 from tinygrad.uop.ops import Ops
-from modelrt.constants import MODEL_WIDTH, MODEL_HEIGHT, IMG_QUEUE_LEN, IMG_CHANNELS, IMG_INPUT_SHAPE, DM_WIDTH, DM_HEIGHT
-from modelrt.geometry import camera_config, camera_from_calib, road_warp_matrix, dm_warp_matrix, MEDMODEL_INTRINSICS, CameraConfig
+from transformations.model import MODEL_WIDTH, MODEL_HEIGHT, DM_WIDTH, DM_HEIGHT, road_warp_matrix, dm_warp_matrix, MEDMODEL_INTRINSICS
+from modelrt.constants import IMG_QUEUE_LEN, IMG_CHANNELS, IMG_INPUT_SHAPE
+from transformations.camera import camera_config, camera_from_calib, CameraConfig
 from modelrt.warp import road_warp, dm_warp, road_warp_np, dm_warp_np, update_img_queue, UV_SCALE, PACKED_SHAPE, DM_BORDER_FILL
 from msgq.visionipc.layout import NV12Layout
 

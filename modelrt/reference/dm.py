@@ -23,7 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 import numpy as np
 from tinygrad import Tensor, dtypes
-from modelrt.constants import DM_WIDTH, DM_HEIGHT, DM_FACE_EFL as EFL, DM_FACE_W as EFL_W, DM_FACE_H as EFL_H
+from transformations.model import DM_WIDTH, DM_HEIGHT
+from modelrt.constants import DM_FACE_EFL as EFL, DM_FACE_W as EFL_W, DM_FACE_H as EFL_H
 from modelrt.contracts import DM_V0_11_1 as CONTRACT
 from modelrt.modeldef import ModelDef
 

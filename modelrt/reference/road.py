@@ -24,9 +24,10 @@ from collections.abc import Callable
 from pathlib import Path
 import numpy as np
 from tinygrad import Tensor, dtypes
-from modelrt.constants import IDX_N, X_IDXS, T_IDXS, LEAD_T_IDXS, LEAD_T_OFFSETS, MODEL_WIDTH, MODEL_HEIGHT, FRAME_SKIP, MODEL_RUN_FREQ
+from transformations.model import MODEL_WIDTH, MODEL_HEIGHT, MEDMODEL_INTRINSICS
+from modelrt.constants import IDX_N, X_IDXS, T_IDXS, LEAD_T_IDXS, LEAD_T_OFFSETS, FRAME_SKIP, MODEL_RUN_FREQ
 from modelrt.contracts import ROAD_V0_11_1 as CONTRACT
-from modelrt.geometry import CAM_HEIGHT, MEDMODEL_INTRINSICS
+from transformations.camera import CAM_HEIGHT
 from modelrt.modeldef import ModelDef
 
 FL, CX, CY = float(MEDMODEL_INTRINSICS[0, 0]), float(MEDMODEL_INTRINSICS[0, 2]), float(MEDMODEL_INTRINSICS[1, 2])
