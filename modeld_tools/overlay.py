@@ -4,8 +4,8 @@ Road and wide cameras: lane lines (colour and width by probability), road edges,
 of a car's size at its distance, with its probability) and a panel with frame id, execution time, drops and the
 model's confidence. Driver camera: the face box and eye state of the driver's side, phone and awareness.
 
-Every point is projected with transformations (camera_from_calib for the road, dm_warp_matrix for the driver) and
-the calibration in force (liveCalibration), the same geometry the daemons and the synthetic scenes use.
+Every point is projected by projection.py, with transformations (camera_from_calib for the road, dm_warp_matrix for the
+driver) and the calibration in force (liveCalibration), the same geometry the daemons and the synthetic scenes use.
 
 Background of a recorded frame: the route's video of that camera when it was recorded; otherwise the synthetic scene
 given with --scene (frame id = scene frame, as camerad serves it); otherwise a blank canvas of the camera sensor's size.
@@ -21,38 +21,13 @@ from service.extras import needs_extra
 with needs_extra('modeld-overlay', 'tools'):
   from PIL import Image, ImageDraw, ImageFont
 from cereal.services import CAMERAS
-from modelrt.constants import X_IDXS
-from transformations.camera import DEFAULT_SENSOR, camera_for, sensor_name, CAM_HEIGHT, CameraConfig, camera_config, camera_from_calib
-from transformations.model import DM_HEIGHT, DM_WIDTH, dm_warp_matrix
+from transformations.camera import DEFAULT_SENSOR, camera_for, sensor_name, CAM_HEIGHT, CameraConfig, camera_config
+from modeld_tools.projection import GREEN, RED, YELLOW, calibration, driver_data, face, nv12_to_rgb, prob_colour, road
 from msgq.visionipc.layout import NV12Layout
 
-CAR_HALF_WIDTH = 0.9       # m: the path is drawn as wide as a car, the lead box too
-LEAD_HEIGHT = 1.5          # m
-LEAD_MIN_PROB = 0.3        # leads drawn from this probability on (their panel line always shows)
 KEEP_FRAMES = 20           # live: camera frames kept (copied) while their outputs are awaited: 1 s at 20 Hz
-FACE_BOX = 0.3             # face box side, fraction of the driver model frame's height
-GREEN, YELLOW, RED, WHITE, BLUE, GREY = (40, 220, 80), (250, 210, 40), (240, 50, 40), (255, 255, 255), (60, 140, 255), (150, 150, 150)
+WHITE, BLUE, GREY = (255, 255, 255), (60, 140, 255), (150, 150, 150)
 CONFIDENCE_COLOURS = {'green': GREEN, 'yellow': YELLOW, 'red': RED}
-
-def nv12_to_rgb(buf: np.ndarray, layout: NV12Layout) -> np.ndarray:
-  """(h, w, 3) uint8 RGB of an NV12 buffer of `layout`, converted by FFmpeg as a decoded video frame would be."""
-  import av
-  y, uv = layout.y_uv(buf)
-  return av.VideoFrame.from_ndarray(np.concatenate([y, uv.reshape(layout.height // 2, layout.width)]), format='nv12').to_ndarray(format='rgb24')
-
-def prob_colour(p: float) -> tuple[int, int, int]:
-  """Red at 0, yellow at 0.5, green at 1."""
-  p = float(np.clip(p, 0, 1))
-  a, b, t = (RED, YELLOW, p * 2) if p < 0.5 else (YELLOW, GREEN, p * 2 - 1)
-  return tuple(int(round(x + (y - x) * t)) for x, y in zip(a, b))
-
-def project(points: np.ndarray, rpy, cam: CameraConfig) -> tuple[np.ndarray, np.ndarray]:
-  """Calibrated-frame points (N, 3) -> camera pixels (N, 2) and a mask of the points in front of the camera."""
-  p = np.asarray(points, np.float64) @ camera_from_calib(rpy, cam).T
-  ok = p[:, 2] > 1e-3
-  uv = p[:, :2] / np.where(ok, p[:, 2], 1.0)[:, None]
-  lim = 8 * max(cam.width, cam.height)   # far outside the frame: clamp, so the drawing library gets sane numbers
-  return np.clip(uv, -lim, lim), ok
 
 @dataclass
 class FrameMsgs:
@@ -92,65 +67,31 @@ class Painter:
     return Image.alpha_composite(self.img.convert('RGBA'), self.layer).convert('RGB')
 
 def draw_road(p: Painter, m: FrameMsgs, cam: CameraConfig) -> None:
-  md, rpy, h = m.model, m.rpy, m.height
-  near = X_IDXS >= 1.0   # the first grid point is the camera itself
-  for line, prob in zip(md.laneLines, md.laneLineProbs):
-    if len(line.y) != len(X_IDXS): continue
-    z = np.asarray(line.z) if len(line.z) == len(X_IDXS) else np.full(len(X_IDXS), h)
-    uv, ok = project(np.stack([X_IDXS, np.asarray(line.y), z], 1)[near], rpy, cam)
-    p.line(uv[ok], prob_colour(prob), 2 + 6 * prob, alpha=int(90 + 165 * prob))
-  for edge in md.roadEdges:
-    if len(edge.y) != len(X_IDXS): continue
-    z = np.asarray(edge.z) if len(edge.z) == len(X_IDXS) else np.full(len(X_IDXS), h)
-    uv, ok = project(np.stack([X_IDXS, np.asarray(edge.y), z], 1)[near], rpy, cam)
-    p.line(uv[ok], RED, 4, alpha=200)
-  pos = md.position
-  if len(pos.x) > 1 and len(pos.x) == len(pos.y) == len(pos.z):
-    # the plan is the car's path at its origin: on the road, camera height below (z down)
-    x, y, z = np.asarray(pos.x), np.asarray(pos.y), np.asarray(pos.z) + h
-    keep = x >= 1.0
-    if keep.sum() >= 2:
-      left, okl = project(np.stack([x, y - CAR_HALF_WIDTH, z], 1)[keep], rpy, cam)
-      right, okr = project(np.stack([x, y + CAR_HALF_WIDTH, z], 1)[keep], rpy, cam)
-      ok = okl & okr
-      poly = [tuple(q) for q in left[ok]] + [tuple(q) for q in right[ok][::-1]]
-      if len(poly) >= 3: p.draw.polygon(poly, fill=(*BLUE, 70), outline=(*BLUE, 200))
+  md, g = m.model, road(m.model, m.rpy, m.height, cam)
+  for uv, prob in g.lanes: p.line(uv, prob_colour(prob), 2 + 6 * prob, alpha=int(90 + 165 * prob))
+  for uv in g.edges: p.line(uv, RED, 4, alpha=200)
+  if g.path is not None: p.draw.polygon([tuple(q) for q in g.path], fill=(*BLUE, 70), outline=(*BLUE, 200))
   conf = str(md.confidence)
   p.panel += [(f"frame {md.frameId}  exec {md.modelExecutionTime * 1e3:.1f} ms  drops {md.frameDropPerc:.1f} %", WHITE),
               (f"confidence {conf}", CONFIDENCE_COLOURS.get(conf, WHITE)),
               ("lanes " + " ".join(f"{q:.2f}" for q in md.laneLineProbs), WHITE)]
-  if len(md.leadsV3):
-    lead = md.leadsV3[0]
-    if len(lead.x):
-      x, y, prob = float(lead.x[0]), float(lead.y[0]) if len(lead.y) else 0., float(lead.prob)
-      p.panel.append((f"lead {x:.1f} m  v {lead.v[0] if len(lead.v) else 0:.1f} m/s  prob {prob:.2f}", prob_colour(prob)))
-      if prob >= LEAD_MIN_PROB and x > 1.0:
-        w = CAR_HALF_WIDTH
-        c = np.array([[x, y - w, h], [x, y + w, h], [x, y + w, h - LEAD_HEIGHT], [x, y - w, h - LEAD_HEIGHT]])
-        uv, ok = project(c, rpy, cam)
-        if ok.all():
-          (x0, y0), (x1, y1) = uv.min(0), uv.max(0)
-          p.draw.rectangle((x0, y0, x1, y1), outline=(*prob_colour(prob), 255), width=p.px(4))
-          p.text((x0, y1 + p.px(4)), f"{x:.0f} m  {prob:.2f}", prob_colour(prob))
+  if (lead := g.lead) is not None:
+    p.panel.append((f"lead {lead.x:.1f} m  v {lead.v:.1f} m/s  prob {lead.prob:.2f}", prob_colour(lead.prob)))
+    if lead.box is not None:
+      (x0, y0), (x1, y1) = lead.box
+      p.draw.rectangle((x0, y0, x1, y1), outline=(*prob_colour(lead.prob), 255), width=p.px(4))
+      p.text((x0, y1 + p.px(4)), f"{lead.x:.0f} m  {lead.prob:.2f}", prob_colour(lead.prob))
 
 def draw_driver(p: Painter, m: FrameMsgs, cam: CameraConfig) -> None:
   ds, dms = m.driver, m.dm_state
-  rhd = dms.isRHD if dms is not None else ds.wheelOnRightProb > 0.5
-  d = ds.rightDriverData if rhd else ds.leftDriverData
+  rhd, d = driver_data(ds, dms)
   p.panel.append((f"frame {ds.frameId}  exec {ds.modelExecutionTime * 1e3:.1f} ms  {'RHD' if rhd else 'LHD'}  "
                   f"wheel on right {ds.wheelOnRightProb:.2f}", WHITE))
   p.panel.append((f"face {d.faceProb:.2f}", prob_colour(d.faceProb)))
-  if len(d.facePosition) == 2:
-    warp = dm_warp_matrix(cam).astype(np.float64)
-    mx, my = (d.facePosition[0] + 0.5) * DM_WIDTH, (d.facePosition[1] + 0.5) * DM_HEIGHT
-    half = FACE_BOX * DM_HEIGHT / 2
-    corners = warp @ np.array([[mx - half, my - half, 1], [mx + half, my + half, 1]]).T
-    (x0, x1), (y0, y1) = corners[0] / corners[2], corners[1] / corners[2]
+  if (f := face(d, cam)) is not None:
+    (x0, y0), (x1, y1) = f.box
     p.draw.rectangle((x0, y0, x1, y1), outline=(*(GREEN if d.faceProb > 0.5 else GREY), 255), width=p.px(4))
-    # eyes: on the box's upper third, a filled dot when open, a bar when closed (blinking)
-    r = (x1 - x0) * 0.06
-    for ex, eye, blink in ((x0 + (x1 - x0) * 0.32, d.leftEyeProb, d.leftBlinkProb), (x0 + (x1 - x0) * 0.68, d.rightEyeProb, d.rightBlinkProb)):
-      ey, is_open = y0 + (y1 - y0) * 0.38, eye * (1 - blink) > 0.5
+    for ex, ey, r, is_open in f.eyes:   # a filled dot when open, a bar when closed (blinking)
       if is_open: p.draw.ellipse((ex - r, ey - r, ex + r, ey + r), fill=(*GREEN, 230))
       else: p.draw.line((ex - 1.5 * r, ey, ex + 1.5 * r, ey), fill=(*RED, 255), width=p.px(4))
     p.text((x0, y1 + p.px(4)), f"face {d.faceProb:.2f}", GREEN if d.faceProb > 0.5 else GREY)
@@ -196,9 +137,7 @@ def route_msgs(route: str, camera: str) -> tuple[dict[int, FrameMsgs], object]:
     w = ev.which()
     if index.add(ev): continue
     if w == 'liveCalibration':
-      c = ev.liveCalibration
-      calib = (tuple(c.rpyCalib) if len(c.rpyCalib) == 3 else (calib or ((0., 0., 0.),))[0],
-               float(c.height[0]) if len(c.height) else CAM_HEIGHT)
+      calib = calibration(ev.liveCalibration, calib)
       for m in uncalibrated: m.rpy, m.height = calib
       uncalibrated.clear()
     elif w == state_svc:
@@ -286,9 +225,7 @@ def live_frames(name: str, camera: str, frames: int | None, timeout: float) -> t
             try: ev = log_from_bytes(dat)
             except MalformedMessageError: continue
             w = ev.which()
-            if w == 'liveCalibration':
-              if len(ev.liveCalibration.rpyCalib) == 3: rpy = tuple(ev.liveCalibration.rpyCalib)
-              if len(ev.liveCalibration.height): height = float(ev.liveCalibration.height[0])
+            if w == 'liveCalibration': rpy, height = calibration(ev.liveCalibration, (rpy, height))
             elif w == state_svc: sensor = str(getattr(ev, w).sensor)
             elif w == 'driverMonitoringState':   # it carries no frame id: it follows its frame's driverStateV2
               if last_driver is not None: ms.setdefault(last_driver, FrameMsgs(last_driver)).dm_state = ev.driverMonitoringState
