@@ -50,8 +50,11 @@ build).""")
   ap.add_argument('--raw-predictions', action='store_true', default=os.environ.get('SEND_RAW_PRED') == '1',
                   help="also send the flat model outputs as rawPredictions (default: off, or on with SEND_RAW_PRED=1)")
   ap.add_argument('--stats-interval', type=float, default=10., metavar='S', help="seconds between stats log lines and STATUS= updates (default 10)")
+  ap.add_argument('--threads', type=int, default=1, metavar='N', help="threads that share each model kernel's launches (default 1: one core; "
+                  "N takes N cores: latency drops where they are free, docs/PERFORMANCE.md)")
   add_log_level(ap, "a line per dropped or bad frame")
   args = ap.parse_args(argv)
+  if args.threads < 1: ap.error(f"--threads: expected N >= 1, got {args.threads}")
   # before anything imports tinygrad or opens a socket: both read these once
   if args.prefix is not None: os.environ['OPENPILOT_PREFIX'] = args.prefix
   if args.device: os.environ['DEV'] = args.device
@@ -241,6 +244,7 @@ class ModelDaemon:
           self.stats.count('connects')
           if (model := self.models.get(key := tuple((c.stream, str(c.layout)) for c in clients))) is None:
             model = self.models[key] = self.make_model(clients)
+            model.runner.set_threads(self.args.threads)
             model.runner.warmup()
           self.stats.set_state(f"serving {server!r}: {streams_desc}")
           if not self.ready:

@@ -108,8 +108,9 @@ class RoadRunner:
   History, as openpilot keeps it: the image queues (in the warp JITs) advance every frame; the hidden states queue
   (HISTORY - 1) * FRAME_SKIP + 1 deep, appended after the vision run, and the policy sees every FRAME_SKIP-th, newest
   last; the desire pulses queue HISTORY * FRAME_SKIP deep and the policy sees the max over each block of FRAME_SKIP.
-  Both queues advance only on frames the policy runs on (a frame after a drop only updates the images)."""
-  def __init__(self, artifact: Artifact | str | os.PathLike, main_layout: NV12Layout, extra_layout: NV12Layout | None = None):
+  Both queues advance only on frames the policy runs on (a frame after a drop only updates the images).
+  threads: how many threads share each kernel's launches (set_threads)"""
+  def __init__(self, artifact: Artifact | str | os.PathLike, main_layout: NV12Layout, extra_layout: NV12Layout | None = None, threads: int = 1):
     self.artifact = art = _open(artifact, 'road')
     self.main_layout, self.extra_layout = main_layout, extra_layout or main_layout
     self.warps: dict[str, GuardedJit] = {k: art.load_jit(art.warp_name(str(l))) for k, l in (('img', self.main_layout), ('big_img', self.extra_layout))}
@@ -126,6 +127,12 @@ class RoadRunner:
     self.full_desire = np.zeros((self.history * FRAME_SKIP, DESIRE_LEN), np.float32)
     self.prev_desire = np.zeros(DESIRE_LEN, np.float32)
     self.cameras = CameraTensors(art)
+    self.set_threads(threads)
+
+  def set_threads(self, n: int) -> None:
+    """Replay every JIT of this runner with n threads sharing each kernel's launches (the models are the artifact's:
+    other runners over it see the change)."""
+    for g in (*self.warps.values(), self.vision, self.policy): g.dispatch.threads = n
 
   def set_transforms(self, road_M: np.ndarray, wide_M: np.ndarray) -> None:
     """Model pixel -> camera pixel maps for `img` (main camera) and `big_img` (extra camera); read at the next replay."""
@@ -180,14 +187,19 @@ class RoadRunner:
     self.cameras.release()
 
 class DMRunner:
-  """Driver monitoring model: driver camera buffer, calibration and warp transform in; a ModelOutput out."""
-  def __init__(self, artifact: Artifact | str | os.PathLike, layout: NV12Layout):
+  """Driver monitoring model: driver camera buffer, calibration and warp transform in; a ModelOutput out. threads: as
+  RoadRunner's."""
+  def __init__(self, artifact: Artifact | str | os.PathLike, layout: NV12Layout, threads: int = 1):
     self.artifact = art = _open(artifact, 'dm')
     self.layout = layout
     self.warp, self.model = art.load_jit(art.warp_name(str(layout))), art.models['dm']
     self.slices = art.output_slices('dm')
     self.transform, self.calib = _host(3, 3), _host(1, 3)
     self.cameras = CameraTensors(art)
+    self.set_threads(threads)
+
+  def set_threads(self, n: int) -> None:
+    for g in (self.warp, self.model): g.dispatch.threads = n
 
   def run(self, buf: CameraBuffer, calib: np.ndarray, transform: np.ndarray) -> ModelOutput:
     if np.size(calib) != 3: raise ValueError(f"calib: expected 3 values (rpyCalib), got shape {np.shape(calib)}")

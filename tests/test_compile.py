@@ -1,6 +1,6 @@
 """ONNX import (openpilot conventions) and the build-time validation of modeld-compile; the artifact it writes and the
 runners over it are tested in test_runtime.py."""
-import base64, json, os, pickle
+import base64, contextlib, json, os, pickle
 import numpy as np
 import pytest
 from tinygrad import Tensor
@@ -141,7 +141,7 @@ def test_failed_build_keeps_the_old_artifact_and_leaves_no_temp(tmp_path):
 
 @pytest.mark.parametrize('module', ['modelrt.compile', 'modelrt.warp', 'modelrt.onnx_import', 'modelrt.constants', 'transformations.camera',
                                     'transformations.model',
-                                    'modelrt.contracts', 'modelrt.modeldef', 'modelrt.runner', 'msgq.visionipc.layout'])
+                                    'modelrt.contracts', 'modelrt.modeldef', 'modelrt.runner', 'modelrt.schedule', 'msgq.visionipc.layout'])
 def test_the_build_id_covers_the_code_the_programs_are_made_from(monkeypatch, module):
   """Each module the captured programs depend on (the captured functions, warps, ONNX lowering, constants, geometry,
   contract shapes, ModelDef.fed's casts, the runner's queue shape, the NV12 layouts): an edit to it is a new build."""
@@ -247,3 +247,33 @@ def test_sigterm_mid_build_leaves_nothing(tmp_path):
   err = p.communicate(timeout=60)[1]
   assert p.returncode == 128 + signal.SIGTERM and 'interrupted' in err and 'Traceback' not in err, err
   assert list(out.iterdir()) == [], list(out.iterdir())
+
+def test_shape_schedule_keeps_onnxruntimes_outputs(tmp_path):
+  """modeld-compile's default schedule (modelrt.schedule: weights channels-last, convs and matmuls vectorized by rules
+  from their shapes) gives other kernels than tinygrad's own for a conv + conv + matmul model, and onnxruntime's outputs
+  within 1e-4 (relative)."""
+  from onnx import helper
+  from tinygrad import TinyJit
+  from modelrt.profile import _calls, _name
+  from modelrt.schedule import scheduled
+  from tests.onnx_models import save_model
+  ort = pytest.importorskip('onnxruntime')
+  rng = np.random.default_rng(0)
+  weights = {'w1': rng.standard_normal((32, 12, 3, 3)).astype(np.float32) / 6, 'b1': rng.standard_normal(32).astype(np.float32),
+             'w2': rng.standard_normal((48, 32, 1, 1)).astype(np.float32) / 6, 'shape': np.array([1, -1], np.int64),
+             'fc': rng.standard_normal((64, 48 * 8 * 8)).astype(np.float32) / 50}
+  nodes = [helper.make_node('Conv', ['x', 'w1', 'b1'], ['c1'], kernel_shape=[3, 3], pads=[1] * 4, strides=[2, 2]),
+           helper.make_node('Relu', ['c1'], ['r1']), helper.make_node('Conv', ['r1', 'w2'], ['c2'], kernel_shape=[1, 1]),
+           helper.make_node('Reshape', ['c2', 'shape'], ['flat']), helper.make_node('Gemm', ['flat', 'fc'], ['taps'], transB=1)]
+  path = save_model(tmp_path / 'm.onnx', nodes, {'x': ((1, 12, 16, 16), 'float32')}, np.zeros(64, np.float32), weights, {'out': slice(0, 64)})
+  x = {'x': rng.standard_normal((1, 12, 16, 16)).astype(np.float32)}
+  want, kernels = ort.InferenceSession(str(path)).run(None, x)[0], {}
+  for schedule in ('tinygrad', 'shape'):
+    with contextlib.ExitStack() as stack:
+      if schedule == 'shape': stack.enter_context(scheduled('CPU', 16))
+      md = load_onnx(path, 'vision')
+      jit = TinyJit(lambda fn=md.fn, **kw: fn(**kw).contiguous().realize())
+      for _ in range(3): out = jit(x=Tensor(x['x']).realize()).numpy()
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    kernels[schedule] = sorted(_name(c) for c in _calls(jit.captured.linear))
+  assert kernels['shape'] != kernels['tinygrad'], kernels

@@ -52,3 +52,26 @@ def test_the_signature_check_is_kept_once_per_set_of_inputs_and_holds_no_input()
   del frame
   gc.collect()
   assert ref() is None, "HostReplay keeps a from_blob input alive past its last Tensor"
+
+def test_threads_share_a_kernels_launches_bit_for_bit():
+  """threads=N runs each kernel's launches (here a matmul in 8, as modeld-compile schedules it) on N threads: the
+  outputs are threads=1's bit for bit, with the inputs bound anew each replay; a count below 1 is refused."""
+  import pytest
+  from tinygrad.helpers import Context
+  from modelrt.schedule import scheduled
+  rng = np.random.default_rng(0)
+  w = Tensor(rng.standard_normal((96, 256)).astype(np.float32)).realize()
+  def fn(x: Tensor) -> Tensor: return (x.to('CPU').reshape(64, 96) @ w).relu().contiguous().realize()
+  xs = [rng.standard_normal(64 * 96).astype(np.float32) for _ in range(4)]
+  with Context(PARALLEL=0), scheduled('CPU', 16):
+    jit = TinyJit(fn)
+    for a in xs[:3]: jit(x=host_tensor(a))
+  replay, outs = HostReplay(jit), {}
+  for n in (1, 2, 3, 1):
+    replay.threads = n
+    outs[n] = [replay(x=host_tensor(a)).numpy().copy() for a in xs]
+  assert max(len(s.launches) for s in replay.steps if type(s).__name__ == '_Launch') == 8
+  for n in (2, 3):
+    for a, b in zip(outs[1], outs[n]): np.testing.assert_array_equal(a, b)
+  np.testing.assert_allclose(outs[2][0], np.maximum(xs[0].reshape(64, 96) @ w.numpy(), 0), rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="threads: expected a count >= 1, got 0"): replay.threads = 0

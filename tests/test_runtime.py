@@ -55,7 +55,7 @@ def test_manifest_describes_the_build(built, road):
   m = road.manifest
   assert (m['format'], m['family'], m['tinygrad'], m['target']['device']) == (FORMAT_VERSION, 'road', tinygrad_version(), 'CPU')
   if os.uname().machine == 'x86_64': assert 'sse2' in m['target']['cpu_features']
-  assert m['options'] == {'beam': 0, 'winograd': False} and m['layouts'] == [str(MAIN), str(EXTRA)]
+  assert m['options'] == {'beam': 0, 'winograd': False, 'schedule': 'shape'} and m['layouts'] == [str(MAIN), str(EXTRA)]
   assert m['contract'] == 'openpilot-0.11.1' and road.contract is ROAD_V0_11_1
   assert m['output_slices']['vision'] == {k: [s.start, s.stop] for k, s in SLICES['vision'].items()}
   assert road.output_slices('policy') == SLICES['policy']
@@ -351,3 +351,27 @@ def test_weights_load_without_a_host_view(road, monkeypatch):
   want = road.models['policy'](**feeds)
   monkeypatch.setattr(modelrt.artifact, '_host_view', lambda buf: None)
   np.testing.assert_array_equal(road.load_jit('policy')(**feeds), want)
+
+# ***** threads *****
+
+def test_runners_with_threads_give_one_threads_outputs(built):
+  """set_threads(n) (the daemons' --threads): every JIT of a runner replays its kernels' launches on n threads, the
+  outputs bit for bit those of one thread."""
+  road, dm = load_artifact(built[0], 'road'), load_artifact(built[0], 'dm')
+  outs = {}
+  for n in (1, 2):
+    r, d = RoadRunner(road, MAIN, None, threads=n), DMRunner(dm, MAIN, threads=n)
+    r.set_transforms(T, T * 1.1)
+    outs[n] = [one(r, CamBuf(MAIN, idx=i, seed=30 + i), desire(i % 3), LHD).raw.copy() for i in range(FRAME_SKIP + 2)]
+    outs[n].append(d.run(CamBuf(MAIN, stream=1, seed=40), np.array([0, .1, 0]), T).raw.copy())
+    assert {g.dispatch.threads for g in (*r.warps.values(), r.vision, r.policy, d.warp, d.model)} == {n}
+  for a, b in zip(outs[1], outs[2]): np.testing.assert_array_equal(a, b)
+
+@pytest.mark.parametrize('daemon', ['modeld', 'dmonitoringd'])
+def test_daemons_offer_threads_and_refuse_fewer_than_one(daemon, tmp_path):
+  import pathlib, subprocess, sys
+  root = pathlib.Path(__file__).resolve().parents[1]
+  def run(*args): return subprocess.run([sys.executable, '-m', daemon, *args], cwd=root, capture_output=True, text=True, timeout=60)
+  assert '--threads N' in run('--help').stdout
+  p = run('--artifacts', str(tmp_path), '--threads', '0')
+  assert p.returncode == 2 and '--threads: expected N >= 1, got 0' in p.stderr, (p.returncode, p.stderr)
