@@ -74,6 +74,7 @@ def test_dropped_clients_free_everything(no_gc, transport):
     srv.create_buffers(ROAD, 2, 64, 48)
     srv.start_listener()
     srv.send(ROAD, np.zeros(64 * 48 * 3 // 2, np.uint8), 0)   # its publisher's first message binds the listener of its size class
+    assert VisionIpcClient("camerad", ROAD).connect(True)   # the listener's thread is up, with its selector's fd
     start, mapped = usage(), maps("visionipc_camerad_0")
     for i in range(CYCLES):
       c = VisionIpcClient("camerad", ROAD, conflate=True)
