@@ -1,22 +1,14 @@
-"""What dmonitoringd does with one driver frame once it has it, with no socket: dmonitoringd feeds it live frames,
-modeld-batch recorded ones.
-
-Inputs: the driver camera's warp to the model's 1440x960 Y input (from the camera-state message's sensor, or
---sensor), liveCalibration.rpyCalib as the model's calib input. The outputs of both driver sides are parsed by the
-artifact's contract into driverStateV2, then openpilot's monitoring policy (dmonitoringd/policy.py, with carState,
-selfdriveState and the calibration) gives driverMonitoringState (face, distraction, awareness, isRHD; modeld reads
-isRHD). gpuExecutionTime is the wall time from the frame in hand through the input preparation, the warp + model
-replays and the copy-out (on the CPU backend there is no separate device clock); modelExecutionTime adds parsing.
-A bad calibration, a torn frame or non-finite outputs publish valid=False; the policy learns only from finite,
-untorn frames.
-"""
+"""What dmonitoringd does with one driver frame, with no socket (dmonitoringd feeds it live frames, modeld-batch
+recorded ones): the warp to the model's 1440x960 Y input and rpyCalib as its calib input, both driver sides parsed into
+driverStateV2, then openpilot's monitoring policy (policy.py) into driverMonitoringState. A bad calibration, a torn
+frame or non-finite outputs publish valid=False; the policy learns only from finite, untorn frames."""
 from __future__ import annotations
 import time
 import numpy as np
 from cereal.services import DMONITORINGD_INPUTS, DMONITORINGD_OUTPUTS
 from transformations.camera import sensor_name, camera_for
 from transformations.model import dm_warp_matrix
-from modeld_common.daemon import FrameModel, FrameRun
+from modeld_common.frame import FrameModel, FrameRun
 from dmonitoringd.fill_msgs import fill_driver_state, fill_monitoring_state
 from dmonitoringd.parse import parse_dm_outputs
 from dmonitoringd.policy import DriverMonitoring
@@ -34,17 +26,19 @@ class DriverModel(FrameModel):
     super().reset()
     self.policy, self.state, self.geometry, self.transform = DriverMonitoring(), None, None, None
 
-  def inputs(self, buf) -> dict:
+  def step(self, buf) -> list:
+    """One driver frame (the newest messages already in sm): [(service, message)] to publish."""
+    self.update_calibration()
     sensor = sensor_name(str(self.sm['driverCameraState'].sensor), self.sensor, (buf.width, buf.height))
     if self.geometry != (g := (sensor, buf.width, buf.height)):
       self.geometry, self.transform = g, dm_warp_matrix(camera_for(sensor, 'driver', buf.width, buf.height))
       self.log.info("camera sensor %s", sensor)
-    return dict(buf=buf, calib=self.calib.rpy.astype(np.float32), transform=self.transform)
+    if (run := self.run((buf,), buf=buf, calib=self.calib.rpy.astype(np.float32), transform=self.transform)) is None: return []
+    # no calibration yet is fine, a bad one is not
+    return self.messages(run, self.fill, run.out.finite and not run.torn and (self.calib.valid or not self.calib.errors))
 
-  def valid(self, run: FrameRun) -> bool:   # no calibration yet is fine, a bad one is not
-    return run.out.finite and not run.torn and (self.calib.valid or not self.calib.errors)
-
-  def messages(self, outputs: dict, run: FrameRun, valid: bool) -> list:
+  def fill(self, outputs: dict, run: FrameRun, valid: bool) -> list:
+    """driverStateV2 from the outputs, then the policy's driverMonitoringState."""
     (buf,) = run.frames
     dm = parse_dm_outputs(outputs, self.contract)
     msgs = [('driverStateV2', fill_driver_state(dm, buf.frame_id, time.perf_counter() - run.t0, run.run_time, valid,

@@ -1,53 +1,82 @@
 """modeld: road (+ wide road) camera -> road model -> modelV2, drivingModelData, cameraOdometry at the camera's rate.
 
-Start-up: verify the road artifact and load its models (a bad one exits 78 at once); then, in openpilot's order, wait
-for the camera server's streams (polled every 0.1 s); main camera = road (wide road when there is none, conflated),
-extra = wide road (not conflated); connect; then load the warps for the connected buffer layouts and run one warm-up
-replay; then READY=1. Every frame: sync main and extra by start of frame, then the road model's step (modeld/model.py):
-count drops (a frame after a drop only feeds the history), run, check, parse, publish (a frame whose outputs cannot
-be parsed is skipped; 20 in a row exit 78). Until a good calibration arrives the default one is used and outputs are
-published valid=False. A camera server restart drops the tensors over the old buffers, unmaps them, reconnects and
-resets the history; a buffer layout the artifact has no warp for ends the process with exit code 78 (EX_CONFIG) and
-the build command.
-"""
+The artifact first (a bad one exits 78), then the camera server's streams in openpilot's order: main = road (wide road
+when there is none), extra = wide road; each frame synced, run, parsed, filled and published. A camera server restart
+reconnects; a layout the artifact has no warp for exits 78 with the build command (docs/ARCHITECTURE.md, Processes)."""
 from __future__ import annotations
 import sys
-from modeld_common.daemon import RECV_TIMEOUT_MS, ModelDaemon, main as daemon_main
+from typing import NoReturn, Protocol
+from collections.abc import Callable
 from cereal.services import road_streams
+from modeld_common.daemon import RECV_TIMEOUT_MS, Daemon
 from modeld.model import RoadModel
 
-class ModelD(ModelDaemon):
-  name, family, MODEL = 'modeld', 'road', RoadModel
+SYNC_AHEAD_NS = 25_000_000
+OUT_OF_SYNC_NS = 10_000_000
 
-  def clients(self, streams: set[int]) -> list | None:
-    """main conflated (openpilot: always the newest frame), extra not (the sync pairs it with main)."""
-    from msgq.visionipc import VisionIpcClient, ROAD, WIDE_ROAD
-    if (use := road_streams(streams)) is None:
-      self.log.error("camera server %r serves streams %s, neither road (%d) nor wide road (%d); waiting", self.args.camera_server,
-                     sorted(streams), ROAD, WIDE_ROAD)
-      return None
-    return [VisionIpcClient(self.args.camera_server, s, i == 0) for i, s in enumerate(use)]
+class Frame(Protocol):
+  frame_id: int
+  timestamp_sof: int
 
-  def make_model(self, clients: list) -> RoadModel:
-    from modelrt.runner import RoadRunner
-    return RoadModel(RoadRunner(self.artifact, *(c.layout for c in clients)), clients[0].stream, self.sm, self.stats, self.log,
-                     self.args.raw_predictions, self.args.sensor)
+class FrameSync:
+  """Main and extra frames paired as openpilot's modeld pairs them: main frames until main.sof >= extra.sof + 25 ms,
+  then extra frames until main.sof < extra.sof + 25 ms; more than 10 ms apart is out of sync. A main frame under 25 ms
+  ahead is used when no newer one comes within 25 ms (a lockstep camera waits for its answer). next() -> (main, extra,
+  out_of_sync), or None when a receive timed out; recv_*: (timeout_ms) -> frame | None, as VisionIpcClient.recv."""
+  def __init__(self, recv_main: Callable[[int], Frame | None], recv_extra: Callable[[int], Frame | None] | None, timeout_ms: int):
+    self.recv_main, self.recv_extra, self.timeout_ms = recv_main, recv_extra, timeout_ms
+    self.main_sof = self.extra_sof = 0
+    self.pending: Frame | None = None   # a main frame whose extra frame has not come yet
 
-  def receiver(self, clients: list):
-    """(main, extra) synced by start of frame; with one camera, (main, main)."""
-    from modeld.sync import FrameSync
-    sync = FrameSync(clients[0].recv, clients[1].recv if len(clients) > 1 else None, RECV_TIMEOUT_MS)
-    def receive():
-      if (frames := sync.next()) is None: return None
-      main, extra, out_of_sync = frames
-      if out_of_sync:
-        self.stats.count('out_of_sync')
-        self.log.debug("frames out of sync: main %d (%.5f s), extra %d (%.5f s)", main.frame_id, main.timestamp_sof / 1e9,
-                       extra.frame_id, extra.timestamp_sof / 1e9)
-      return main, extra
-    return receive
+  def next(self) -> tuple[Frame, Frame, bool] | None:
+    main, self.pending = self.pending, None
+    while main is None or self.main_sof < self.extra_sof + SYNC_AHEAD_NS:
+      if (newer := self.recv_main(self.timeout_ms if main is None else SYNC_AHEAD_NS // 1_000_000)) is None:
+        if main is None: return None
+        break   # holding a main frame under 25 ms ahead and no newer one within 25 ms: use it
+      main, self.main_sof = newer, newer.timestamp_sof
+    if self.recv_extra is None:
+      self.extra_sof = main.timestamp_sof
+      return main, main, False
+    while True:
+      if (extra := self.recv_extra(self.timeout_ms)) is None:
+        # keep the main frame: a camera that sends the next frame only once this one is answered (lockstep) would
+        # otherwise wait for us forever; a newer main frame replaces it at the next call anyway if one comes
+        self.pending = main
+        return None
+      self.extra_sof = extra.timestamp_sof
+      if self.main_sof < self.extra_sof + SYNC_AHEAD_NS: break
+    return main, extra, abs(self.main_sof - self.extra_sof) > OUT_OF_SYNC_NS
 
-def main(argv: list[str] | None = None) -> None:
-  daemon_main(ModelD, argv, __doc__)
+def wanted(streams: set[int]) -> list[tuple[int, bool]] | str:
+  """main conflated (openpilot: always the newest frame), extra not (the sync pairs it with main)."""
+  from msgq.visionipc import ROAD, WIDE_ROAD
+  if (use := road_streams(streams)) is None: return f"neither road ({ROAD}) nor wide road ({WIDE_ROAD})"
+  return [(s, i == 0) for i, s in enumerate(use)]
+
+def main(argv: list[str] | None = None) -> NoReturn:
+  with Daemon('modeld', argv, __doc__, RoadModel.PUBLISHES, RoadModel.SUBSCRIBES) as d:
+    from modelrt.runner import RoadRunner   # tinygrad reads DEV once: after the options set it
+    artifact, models = d.load_artifact('road'), {}
+    for cam in d.cameras(wanted):
+      main_c, extra_c = cam.clients[0], cam.clients[-1]
+      if (model := models.get(cam.layouts)) is None:   # one per set of buffer layouts: its warps, warmed up
+        runner = RoadRunner(artifact, main_c.layout, extra_c.layout, threads=d.args.threads)
+        model = models[cam.layouts] = RoadModel(runner, main_c.stream, d.sm, d.stats, d.log, d.args.raw_predictions, d.args.sensor)
+        runner.warmup()
+      d.ready()
+      model.reset()
+      sync = FrameSync(main_c.recv, extra_c.recv if extra_c is not main_c else None, RECV_TIMEOUT_MS)
+      try:
+        while cam.active():
+          if (frames := sync.next()) is None: continue   # a receive timed out
+          main_buf, extra_buf, out_of_sync = frames
+          if out_of_sync:
+            d.stats.count('out_of_sync')
+            d.log.debug("frames out of sync: main %d (%.5f s), extra %d (%.5f s)", main_buf.frame_id, main_buf.timestamp_sof / 1e9,
+                        extra_buf.frame_id, extra_buf.timestamp_sof / 1e9)
+          cam.frame()
+          for name, msg in model.step(main_buf, extra_buf): d.pm.send(name, msg)
+      finally: model.runner.release_camera_tensors()   # the tensors over the camera's buffers go before their mappings
 
 if __name__ == '__main__': sys.exit(main())

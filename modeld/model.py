@@ -1,24 +1,38 @@
-"""What modeld does with one road (+ wide road) frame once it has it, with no socket: modeld feeds it live frames,
-modeld-batch recorded ones.
-
-Inputs from the newest messages: the warp transforms from the calibration and the camera geometry (the camera-state
-message's sensor, or --sensor), the desire from the lane-change state, the traffic convention from
-driverMonitoringState.isRHD. Drops are counted by frame id (a frame after a drop only feeds the image history). The
-outputs are parsed by the artifact's contract; the action, the desire and modelV2, drivingModelData, cameraOdometry are
-filled from them as openpilot does. Outputs are valid once a good calibration arrived, for a finite, untorn frame whose
-action and path fit their Float32 fields.
-"""
+"""What modeld does with one road (+ wide road) frame, with no socket (modeld feeds it live frames, modeld-batch
+recorded ones): the inputs from the newest messages (warps from the calibration and the sensor, desire, traffic
+convention), drops counted, the run, and modelV2, drivingModelData, cameraOdometry filled as openpilot fills them. Valid
+once a good calibration arrived, for a finite, untorn frame whose action and path fit their Float32 fields."""
 from __future__ import annotations
 import time
 import numpy as np
 from cereal.services import CAMERA_OF_STREAM, CAMERA_STATE_SERVICES, MODELD_INPUTS, MODELD_OUTPUTS
 from transformations.camera import sensor_name, camera_for
 from transformations.model import road_warp_matrix
-from modeld_common.daemon import FrameModel, FrameRun
+from modelrt.constants import DT
+from modeld_common.frame import FrameModel, FrameRun
 from modeld.desire import Desire, DesireHelper
 from modeld.fill_msgs import Action, FrameInfo, PublishState, action_times, fill_model_msgs, fits_float32, get_action, path_coefficients
 from modeld.parse import parse_outputs
-from modeld.sync import FrameDrops
+
+DROP_FILTER_RC, DROP_MAX, DROP_WARMUP_RUNS = 10., 10, 10
+
+class FrameDrops:
+  """update(frame_id) -> frames dropped before this one (a frame after a drop only feeds the history). frame_drop_perc:
+  100 f / (1 + f), f a first-order filter (10 s) of min(dropped, 10), held at 0 for the first 10 runs. The first frame of
+  a camera session follows none: nothing was dropped before it (openpilot counts from frame id 0, which would make a
+  replay that starts mid-route skip its first frame, and a lockstep camera wait for it forever)."""
+  def __init__(self):
+    self.last_frame_id, self.runs, self.x, self.frame_drop_perc = None, 0, 0., 0.
+    self.alpha = DT / (DROP_FILTER_RC + DT)   # stepped once per main camera frame received
+
+  def update(self, frame_id: int) -> int:
+    dropped = 0 if self.last_frame_id is None else max(0, frame_id - self.last_frame_id - 1)
+    self.x = (1 - self.alpha) * self.x + self.alpha * min(dropped, DROP_MAX)
+    if self.runs < DROP_WARMUP_RUNS: self.x = 0.   # the first frames after a (re)start: no drop history yet
+    self.runs += 1
+    self.last_frame_id = frame_id
+    self.frame_drop_perc = 100 * self.x / (1 + self.x)
+    return dropped
 
 class RoadModel(FrameModel):
   PUBLISHES, SUBSCRIBES = list(MODELD_OUTPUTS), list(MODELD_INPUTS)   # the services table's
@@ -45,7 +59,9 @@ class RoadModel(FrameModel):
     self.runner.set_transforms(road_warp_matrix(self.calib.rpy, main_cam), road_warp_matrix(self.calib.rpy, wide_cam, wide=True))
     self.geometry = geometry
 
-  def inputs(self, main, extra) -> dict:
+  def step(self, main, extra) -> list:
+    """One frame (main and extra camera buffers; the newest messages already in sm): [(service, message)] to publish."""
+    self.update_calibration()
     self.update_transforms(main, extra)
     traffic = np.array([0, 1] if self.sm['driverMonitoringState'].isRHD else [1, 0], np.float32)
     dropped = self.drops.update(main.frame_id)
@@ -53,11 +69,12 @@ class RoadModel(FrameModel):
     if dropped:
       self.stats.count('dropped', dropped)
       self.log.debug("prepare-only frame %d: %d frames dropped before it", main.frame_id, dropped)
-    return dict(main_buf=main, extra_buf=extra, desire=self.desire.vector(), traffic_convention=traffic, prepare_only=dropped > 0)
+    run = self.run((main, extra), main_buf=main, extra_buf=extra, desire=self.desire.vector(), traffic_convention=traffic, prepare_only=dropped > 0)
+    if run is None: return []
+    return self.messages(run, self.fill, self.calib.valid and run.out.finite and not run.torn)
 
-  def valid(self, run: FrameRun) -> bool: return self.calib.valid and run.out.finite and not run.torn
-
-  def messages(self, outputs: dict, run: FrameRun, valid: bool) -> list:
+  def fill(self, outputs: dict, run: FrameRun, valid: bool) -> list:
+    """The outputs parsed, the action and desire updated, the messages filled."""
     main, extra = run.frames
     parsed = parse_outputs(outputs, self.contract)
     execution_time = time.perf_counter() - run.t0   # through the parsing, as openpilot times its model run

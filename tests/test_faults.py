@@ -10,7 +10,8 @@ from msgq.visionipc import ROAD, WIDE_ROAD, DRIVER
 from tests.artifacts import CACHE, LAYOUT, REPO, build
 from tests.daemon_harness import Camera, Collector, Daemon, Notify, start_daemon
 from tests.faults import ARTIFACT_DAMAGES, MESSAGE_FAULTS, MessageFaults, can_mount_tmpfs, damaged_artifact, full_disk
-from modeld_common.daemon import EX_CONFIG, MAX_BAD_OUTPUTS
+from modeld_common.daemon import EX_CONFIG
+from modeld_common.frame import MAX_BAD_OUTPUTS
 from modelrt.contracts import lookup
 from modeld.model import RoadModel
 from dmonitoringd.model import DriverModel

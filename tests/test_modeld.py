@@ -11,12 +11,14 @@ from tests.daemon_harness import Camera, Collector, Daemon, Notify, beyond_base_
 from tests.onnx_models import SLICES, KNOWN
 from modelrt.constants import T_IDXS
 from modelrt.contracts import ROAD_V0_11_1
-from modeld.sync import FrameSync, FrameDrops
+from modeld.main import FrameSync
+from modeld.model import FrameDrops
 from modeld.desire import DesireHelper, Desire
 from modeld.fill_msgs import (Action, FrameInfo, PublishState, action_times, fill_model_msgs, fits_float32, get_action, path_coefficients,
                               hard_brake_predicted, update_confidence)
 from modeld.model import RoadModel
-from modeld_common.daemon import EX_CONFIG, FrameRun
+from modeld_common.daemon import EX_CONFIG
+from modeld_common.frame import FrameRun
 from service import Stats
 from modelrt.runner import RoadRunner, _output
 from modeld.parse import parse_outputs
@@ -254,7 +256,7 @@ def test_a_plan_too_large_for_float32_is_published_invalid_and_not_fed_back(arti
   assert huge.finite
   alpha, accel, curvature = 1 - math.exp(-0.05 / 0.3), 0., None
   for n, out in enumerate([sane] * 3 + [huge] + [sane] * 3, 1):
-    msgs = dict(model.messages(out.outputs, FrameRun((F(n, 50 * n),) * 2, out, 0., .01, False), True))
+    msgs = dict(model.fill(out.outputs, FrameRun((F(n, 50 * n),) * 2, out, 0., .01, False), True))
     for s, m in msgs.items():
       r = getattr(m.as_reader(), s)
       assert m.valid == (out is sane) and all(math.isfinite(x) for x in _floats(r)), (n, s, m.valid, r)
