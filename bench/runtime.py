@@ -9,13 +9,13 @@
 3. Real-size models, built here with onnx and random weights (no download): a convolutional vision network with
    the release's vision I/O (img, big_img uint8 (1, 12, 128, 256) in, one (1, 1576) vector with its output_slices
    out) of 27 M parameters and 2.1 GFLOP a frame, and a driver-monitoring network of 7.4 M parameters and 1 GFLOP.
-   Each is built plain, with Winograd convolutions (modeld-compile --winograd), and with both Winograd and BEAM
-   (--beam; the build time is printed, the artifact and tinygrad's search results are cached per machine: only the
-   first run searches), then its guarded replay p50/p99 is measured
-   against onnxruntime on one thread, interleaved, and the ratio printed (target <= 1.0). Where the target is not
-   met, the top 10 kernels of the profile follow (modelrt.profile).
+   Each is built with tinygrad's own schedule, with modeld-compile's defaults, and with the defaults and --beam (the
+   artifacts and tinygrad's search results are cached per machine), then replayed interleaved with the defaults on 2
+   threads and onnxruntime on 1 and 2; the ratios against the targets, the outputs against onnxruntime's, and a
+   per-kernel profile with each kernel's fraction of one core's FMA peak (measured with an FMA loop).
+4. A default modeld-compile --reference build with an empty compile cache (target < 60 s).
 
-usage: bench/runtime.py [--beam 2] [--parts small,reference,realsize]
+usage: bench/runtime.py [--beam 2] [--parts small,reference,realsize,build]
 """
 import argparse, os, pathlib, subprocess, sys, tempfile, time
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -40,10 +40,10 @@ def interleaved(fns: dict, blocks: int = 6, per_block: int = 10) -> dict[str, li
         t = time.perf_counter(); f(); ts[k].append(time.perf_counter() - t)
   return ts
 
-def ort_session(path: pathlib.Path):
+def ort_session(path: pathlib.Path, threads: int = 1):
   import onnxruntime as ort
   so = ort.SessionOptions()
-  so.intra_op_num_threads, so.inter_op_num_threads = 1, 1
+  so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
   return ort.InferenceSession(str(path), so)
 
 def random_feed(sess, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -251,15 +251,44 @@ def realsize_dm_onnx(path: pathlib.Path) -> tuple[pathlib.Path, int, int]:
   save_model(path, nodes, {k: (i.shape, i.dtype) for k, i in m.inputs.items()}, bias, weights, slices)
   return path, sum(v.size for v in weights.values()) + bias.size, flops
 
+def fma_peak(width: int, chains: int = 12) -> float:
+  """One core's float32 FMA throughput in GFLOP/s: `chains` independent chains of `width`-lane FMAs, compiled with the
+  clang and flags tinygrad's CPU kernels get (-O2 -march=native), the best of 7 timings."""
+  import ctypes
+  src = (f"typedef float v __attribute__((vector_size({width * 4})));\nfloat run(long n) {{\n"
+         f"  v {', '.join(f'a{i} = (v){{}} + {i + 1}.0f' for i in range(chains))}, m = (v){{}} + 0.999f, c = (v){{}} + 0.001f;\n"
+         f"  for (long i = 0; i < n; i++) {{ {' '.join(f'a{i} = a{i} * m + c;' for i in range(chains))} }}\n"
+         f"  v s = {' + '.join(f'a{i}' for i in range(chains))};\n  float t = 0;\n  for (int i = 0; i < {width}; i++) t += s[i];\n  return t;\n}}\n")
+  with tempfile.TemporaryDirectory() as d:
+    (c := pathlib.Path(d) / 'fma.c').write_text(src)
+    subprocess.run(['clang', '-O2', '-march=native', '-ffp-contract=fast', '-shared', '-fPIC', '-o', str(c.with_suffix('.so')), str(c)], check=True)
+    lib = ctypes.CDLL(str(c.with_suffix('.so')))
+  lib.run.argtypes, lib.run.restype = [ctypes.c_long], ctypes.c_float
+  n, best = 2_000_000, float('inf')
+  for _ in range(7):
+    t = time.perf_counter()
+    lib.run(n)
+    best = min(best, time.perf_counter() - t)
+  return n * chains * width * 2 / best / 1e9
+
+# the real-size builds: (BEAM, --winograd, --schedule); 'tinygrad': its own kernel heuristics, the importer as now
+BUILDS = {'tinygrad': (0, 'off', 'tinygrad'), 'default': (0, 'rule', 'shape'), 'best': (None, 'rule', 'shape')}
+
 def realsize(beam: int) -> None:
   from tinygrad import Tensor
   from tests.onnx_models import policy_onnx
   from msgq.visionipc.layout import NV12Layout
   from modelrt.onnx_import import load_onnx
   from modelrt.compile import build_family
-  from modelrt.artifact import load_artifact
+  from modelrt.artifact import load_artifact, cpu_features
+  from modelrt.schedule import vector_width
   from modelrt.profile import kernel_profile, format_profile
 
+  width = vector_width(cpu_features())
+  peak = fma_peak(width)
+  mhz = next((float(l.split(':')[1]) for l in open('/proc/cpuinfo') if l.startswith('cpu MHz')), 0.)
+  print(f"one core's FMA peak, measured: {peak:.1f} GFLOP/s ({width}-lane vectors"
+        + (f"; {peak / mhz * 1e3:.1f} FLOP a cycle at the {mhz:.0f} MHz /proc/cpuinfo gives" if mhz else '') + ")")
   layout = NV12Layout.aligned(1928, 1208)
   (src := CACHE / 'bench-realsize' / 'onnx').mkdir(parents=True, exist_ok=True)
   models = {'vision': realsize_vision_onnx(src / 'vision.onnx'), 'dm': realsize_dm_onnx(src / 'dm.onnx')}
@@ -269,36 +298,58 @@ def realsize(beam: int) -> None:
               'dm': {'dm': load_onnx(models['dm'][0], 'dm')}}
   rng = np.random.default_rng(0)
   for family, model in (('road', 'vision'), ('dm', 'dm')):
-    sess = ort_session(models[model][0])
-    feed = random_feed(sess, rng)
-    results = {}
-    for b, wino in dict.fromkeys([(0, False), (0, True), (beam, True)]):   # each lever alone, then both
-      out = CACHE / 'bench-realsize' / f"beam{b}{'-winograd' if wino else ''}"
+    sess = {n: ort_session(models[model][0], n) for n in (1, 2)}
+    feed = random_feed(sess[1], rng)
+    want = sess[1].run(None, feed)[0][0]
+    runs, fns = {}, {}
+    for name, (b, wino, schedule) in BUILDS.items():
+      b = beam if b is None else b
+      out = CACHE / 'bench-realsize' / f"{schedule}-beam{b}-winograd-{wino}"
       t = time.perf_counter()
-      _, built = build_family(out, family, families[family], [layout], beam=b, winograd=wino)
+      _, built = build_family(out, family, families[family], [layout], beam=b, winograd=wino, schedule=schedule)
       art = load_artifact(out, family)
       took = f"built now in {time.perf_counter() - t:.1f} s" if built else f"cached, built in {art.manifest.get('build_seconds', '?')} s"
       g = art.models[model]
       inputs = {k: Tensor(v, device=g.inputs[k].device).realize() for k, v in feed.items()}
-      want = sess.run(None, feed)[0][0]   # the same computation: outputs agree to float32 summation order
-      np.testing.assert_allclose(g(**inputs), want, rtol=1e-3, atol=1e-3 * np.abs(want).max())
-      ts = interleaved({'tinygrad': lambda g=g, inputs=inputs: g(**inputs), 'onnxruntime': lambda sess=sess, feed=feed: sess.run(None, feed)},
-                       blocks=4, per_block=5)
-      ratio = pct(ts['tinygrad'], 50) / pct(ts['onnxruntime'], 50)
-      results[b, wino] = (g, inputs, ratio)
-      print(f"real-size {model} BEAM={b}{' winograd' if wino else ''} ({took}): "
-            f"guarded replay p50 {ms(pct(ts['tinygrad'], 50))}, p99 {ms(pct(ts['tinygrad'], 99))}; "
-            f"onnxruntime 1 thread p50 {ms(pct(ts['onnxruntime'], 50))}, p99 {ms(pct(ts['onnxruntime'], 99))}; "
-            f"tinygrad/onnxruntime {ratio:.2f} (target <= 1.0: {'met' if ratio <= 1 else 'NOT met'})")
-    g, inputs, ratio = results[beam, True]
-    if ratio > 1:
-      print(f"real-size {model} BEAM={beam} winograd: top 10 kernels (each launched alone, tinygrad's FLOP and byte estimates):")
-      print('\n'.join('  ' + l for l in format_profile(kernel_profile(g.jit, inputs, runs=3), 10)))
+      err = float(np.abs(g(**inputs) - want).max() / np.abs(want).max())
+      print(f"real-size {model} {name} (BEAM={b}, --winograd {wino}, --schedule {schedule}; {took}): max |diff| to onnxruntime "
+            f"{err:.1e} of its largest output ({'within' if err <= 1e-4 else 'NOT within'} 1e-4)")
+      runs[name] = g, inputs
+      fns[name] = lambda g=g, inputs=inputs: g(**inputs)
+    g2 = load_artifact(CACHE / 'bench-realsize' / 'shape-beam0-winograd-rule', family).models[model]   # its own buffers
+    g2.dispatch.threads = 2
+    fns['default, 2 threads'] = lambda g=g2, inputs=runs['default'][1]: g(**inputs)
+    np.testing.assert_array_equal(fns['default, 2 threads'](), fns['default']())
+    for n, se in sess.items(): fns[f'onnxruntime, {n} thread{"s" * (n > 1)}'] = lambda se=se, feed=feed: se.run(None, feed)
+    ts = interleaved(fns, blocks=6, per_block=5)
+    p50 = {k: pct(v, 50) for k, v in ts.items()}
+    print(f"real-size {model}, guarded replay against onnxruntime, interleaved (p50 / p99):")
+    for k, v in ts.items(): print(f"  {k:26s} {ms(p50[k])} / {ms(pct(v, 99))}")
+    ort1, ort2 = p50['onnxruntime, 1 thread'], p50['onnxruntime, 2 threads']
+    for k, target in (('tinygrad', None), ('default', 3.0), ('best', 2.0 if model == 'vision' else None)):
+      r = p50[k] / ort1
+      print(f"  {k} / onnxruntime 1 thread: {r:.2f}" + (f" (target <= {target}: {'met' if r <= target else 'NOT met'})" if target else ''))
+    r = p50['default, 2 threads'] / p50['default']
+    print(f"  default 2 threads / 1 thread: {r:.2f}" + (f" (target <= 0.6: {'met' if r <= 0.6 else 'NOT met'})" if model == 'vision' else '')
+          + f"; 2 threads / onnxruntime 2 threads: {p50['default, 2 threads'] / ort2:.2f}")
+    for name in ('tinygrad', 'default'):
+      print(f"real-size {model} {name}: top 12 kernels (each launched alone, tinygrad's FLOP and byte estimates, fraction of the FMA peak):")
+      print('\n'.join('  ' + l for l in format_profile(kernel_profile(runs[name][0].jit, runs[name][1], runs=3), 12, peak)))
+
+def build_time() -> None:
+  """modeld-compile --reference for the demo's two layouts, with an empty compile cache (a new CACHEDB)."""
+  with tempfile.TemporaryDirectory() as d:
+    t = time.perf_counter()
+    subprocess.run([sys.executable, '-m', 'modelrt.compile', '--reference', '--camera', '1928x1208', '--camera', '1928x1208:aligned', '--out',
+                    f'{d}/art', '--quiet'], check=True, cwd=REPO, env={**os.environ, 'CACHEDB': f'{d}/cache.db'}, stdout=subprocess.DEVNULL)
+    took = time.perf_counter() - t
+  print(f"modeld-compile --reference (both families, 2 layouts), empty compile cache: {took:.1f} s (target < 60 s: {'met' if took < 60 else 'NOT met'}); "
+        f"load average {os.getloadavg()[0]:.2f}")
 
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   ap.add_argument('--beam', type=int, default=2, help="BEAM width of the real-size builds (searched once per machine, then cached; default 2)")
-  ap.add_argument('--parts', default='small,reference,realsize', help="comma list of: small, reference, realsize (default: all)")
+  ap.add_argument('--parts', default='small,reference,realsize,build', help="comma list of: small, reference, realsize, build (default: all)")
   args = ap.parse_args()
   t0 = time.perf_counter()
   from tinygrad import Device
@@ -309,5 +360,6 @@ def main() -> None:
   if 'small' in parts: small_models()
   if 'reference' in parts: reference()
   if 'realsize' in parts: realsize(args.beam)
+  if 'build' in parts: build_time()
 
 if __name__ == '__main__': main()

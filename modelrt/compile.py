@@ -170,11 +170,13 @@ def code_sha256() -> str:
 
 def build_family(out: str | os.PathLike, family: str, models: dict[str, ModelDef], layouts: list[NV12Layout], device: str | None = None,
                  beam: int = 0, command: list[str] | None = None, force: bool = False, progress: bool = True,
-                 winograd: bool = False, schedule: str = 'shape') -> tuple[pathlib.Path, bool]:
+                 winograd: str = 'rule', schedule: str = 'shape') -> tuple[pathlib.Path, bool]:
   """Build (or find up to date) OUT/<family>. Returns (artifact dir, whether it was built). Raises ContractError (the
   models follow no known contract) or ValidationError. schedule: 'shape' (conv and matmul kernels scheduled from their
-  shapes, modelrt.schedule) or 'tinygrad' (tinygrad's own heuristics for every kernel)."""
+  shapes, modelrt.schedule) or 'tinygrad' (tinygrad's own heuristics for every kernel). winograd: which ONNX
+  convolutions run as Winograd, modelrt.onnx_import.winograd's 'rule', 'all' or 'off'."""
   from tinygrad.engine.worker import terminate_worker_pool
+  from modelrt.onnx_import import winograd as winograd_mode
   device = Device.canonicalize(device or Device.DEFAULT)
   if family not in FAMILY_MODELS or set(models) != set(FAMILY_MODELS[family]):
     raise ValueError(f"family {family!r} needs models {FAMILY_MODELS.get(family)}, got {sorted(models)}")
@@ -212,7 +214,7 @@ def build_family(out: str | os.PathLike, family: str, models: dict[str, ModelDef
     return {**key, 'build_id': build_id, 'build_seconds': round(time.monotonic() - t0, 1), 'command': command, 'jits': jits,
             'output_slices': {k: {n: [s.start, s.stop] for n, s in models[k].output_slices.items()} for k in FAMILY_MODELS[family]}}
   try:
-    with Context(BEAM=beam, WINO=int(winograd)), \
+    with Context(BEAM=beam), winograd_mode(winograd), \
          (scheduled(device, vector_width(key['target']['cpu_features'])) if schedule == 'shape' else contextlib.nullcontext()):
       return write_artifact(out, family, build), True
   finally: terminate_worker_pool()   # the compile worker processes must not outlive the build
@@ -271,9 +273,10 @@ CACHEDB=path moves tinygrad's compile cache.""".format(contracts=', '.join(sorte
   ap.add_argument('--device', help=f"tinygrad device to compile for (default: {Device.DEFAULT}, from DEV=)")
   ap.add_argument('--beam', type=int, default=0, metavar='N', help="BEAM kernel search width: slower build (minutes; a bar shows the "
                   "searches with an ETA, and tinygrad caches them per machine), faster replay (default 0: off)")
-  ap.add_argument('--winograd', action='store_true', help="dense 3x3 stride-1 convolutions of ONNX models as Winograd F(4x4, 3x3) "
-                  "(tinygrad's WINO): fewer multiplies, more memory traffic; faster for wide layers on mid-size images, slower "
-                  "for few channels or tiny images: compare the replay times of both builds (default: off)")
+  ap.add_argument('--winograd', nargs='?', const='all', default='rule', choices=('rule', 'all', 'off'), help="which dense 3x3 "
+                  "stride-1 convolutions of ONNX models run as Winograd F(4x4, 3x3) (tinygrad's WINO: fewer multiplies, more memory "
+                  "traffic): rule (default) those on images of at least 32x64 pixels, where it was measured faster; all (also a bare "
+                  "--winograd); off")
   ap.add_argument('--schedule', choices=('shape', 'tinygrad'), default='shape', help="shape (default): convolution and matmul kernels "
                   "vectorized and register-blocked by rules from their shapes and the CPU's vector width, the same on every machine of "
                   "an ISA; tinygrad: tinygrad's own heuristics for every kernel. --beam searches on top of either")
@@ -313,7 +316,7 @@ CACHEDB=path moves tinygrad's compile cache.""".format(contracts=', '.join(sorte
         models = {k: load_onnx(p, k) for k, p in files.items()}
         srcs = [a for k, p in files.items() for a in (f'--{k}-onnx', str(p.resolve()))]
       command = ['modeld-compile', *srcs, '--family', family, *cams, '--out', str(args.out.resolve()), '--device', device, '--beam', str(args.beam),
-                 *(['--winograd'] if args.winograd else []), '--schedule', args.schedule]
+                 '--winograd', args.winograd, '--schedule', args.schedule]
       path, built = build_family(args.out, family, models, layouts, device, args.beam, command, args.force, not args.quiet, args.winograd,
                                  args.schedule)
       print(f"{family}: {'built' if built else 'up to date'}: {path} ({', '.join(str(l) for l in layouts)})")

@@ -3,8 +3,10 @@ one flat float output cut by `output_slices`, which ships as a base64 pickled {n
 metadata_props. What is read here (input names, shapes and dtypes, the output width, the slices) is what
 modelrt.contracts.identify checks against the known contracts."""
 from __future__ import annotations
-import base64, io, pathlib, pickle
+import base64, contextlib, io, pathlib, pickle
+from collections.abc import Iterator
 from tinygrad import Tensor
+from tinygrad.helpers import Context
 from tinygrad.dtype import _to_np_dtype
 from tinygrad.nn.onnx import OnnxPBParser, OnnxRunner, WireType, onnx_ops
 from tinygrad.uop.ops import Ops, UOp
@@ -75,14 +77,31 @@ def _channels_last(x: Tensor) -> Tensor:
 
 def _relu(x: Tensor) -> Tensor: return _channels_last(x.relu())
 
+WINOGRAD_MODES = ('rule', 'all', 'off')
+WINOGRAD_MIN_PIXELS = 32 * 64   # the rule: Winograd where a conv's image has at least this many pixels (docs/PERFORMANCE.md)
+_winograd_rule = False
+
+@contextlib.contextmanager
+def winograd(mode: str) -> Iterator[None]:
+  """Convolutions of ONNX models run in this context (modeld-compile's --winograd): 'all' dense 3x3 stride-1 ones as
+  Winograd F(4x4, 3x3) (tinygrad's WINO), 'rule' those of at least WINOGRAD_MIN_PIXELS, 'off' none."""
+  global _winograd_rule
+  if mode not in WINOGRAD_MODES: raise ValueError(f"winograd: expected one of {WINOGRAD_MODES}, got {mode!r}")
+  saved, _winograd_rule = _winograd_rule, mode == 'rule'
+  try:
+    with Context(WINO=int(mode == 'all')): yield
+  finally: _winograd_rule = saved
+
 def _conv(X: Tensor, W: Tensor, B: Tensor | None = None, group: int = 1, **kw) -> Tensor:
-  # With WINO=1 (modeld-compile --winograd) tinygrad computes a 3x3 stride-1 convolution as Winograd F(4x4, 3x3), but
-  # only for the int stride 1, where ONNX gives lists: those of dense 2-D convolutions are made ints. Grouped
-  # (depthwise) ones keep their lists and stay direct: their transforms cost more than the multiplies they save.
+  # Under WINO=1 tinygrad computes a 3x3 stride-1 convolution as Winograd F(4x4, 3x3), but only for the int stride 1,
+  # where ONNX gives lists: those of dense 2-D convolutions are made ints. Grouped (depthwise) ones keep their lists
+  # and stay direct: their transforms cost more than the multiplies they save. By the rule, WINO is set per conv.
   X = _channels_last(X)   # a conv's input straight from another conv (no activation between): NHWC too
   if group == 1 and W.ndim == 4:
     for k in ('strides', 'dilations'):
       if isinstance(v := kw.get(k), (list, tuple)) and all(x == 1 for x in v): kw[k] = 1
+    if _winograd_rule:
+      with Context(WINO=int(X.shape[2] * X.shape[3] >= WINOGRAD_MIN_PIXELS)): return onnx_ops['Conv'](X, W, B, group=group, **kw)
   return onnx_ops['Conv'](X, W, B, group=group, **kw)
 
 def load_onnx(path: str | pathlib.Path, model: str) -> ModelDef:

@@ -57,12 +57,14 @@ def kernel_profile(jit: TinyJit, inputs: dict[str, Tensor], runs: int = 5) -> li
     out.append(KernelTime(_name(c), sorted(ts)[len(ts) // 2], float(sym_infer(est.ops, var_vals)), float(sym_infer(est.mem, var_vals))))
   return out
 
-def format_profile(ks: list[KernelTime], top: int = 10) -> list[str]:
-  """The `top` most expensive calls as table lines, with the total and the number of calls."""
-  total = sum(k.seconds for k in ks)
-  lines = [f"{'kernel':40s} {'ms':>8s} {'share':>6s} {'GFLOP/s':>8s} {'GB/s':>7s}"]
+def format_profile(ks: list[KernelTime], top: int = 10, peak_gflops: float | None = None) -> list[str]:
+  """The `top` most expensive calls as table lines, with the total and the number of calls; with peak_gflops (one
+  core's), each one's fraction of it too."""
+  total, flops = sum(k.seconds for k in ks), sum(k.flops for k in ks)
+  def peak(g: float) -> str: return f" {g / peak_gflops * 100:5.1f}%" if peak_gflops else ''
+  lines = [f"{'kernel':40s} {'ms':>8s} {'share':>6s} {'GFLOP/s':>8s} {'GB/s':>7s}" + (f" {'peak':>6s}" if peak_gflops else '')]
   for k in sorted(ks, key=lambda k: -k.seconds)[:top]:
-    lines.append(f"{k.name[:40]:40s} {k.seconds * 1e3:8.3f} {k.seconds / total * 100:5.1f}% {k.gflops:8.1f} {k.gbps:7.1f}")
-  lines.append(f"{'all ' + str(len(ks)) + ' calls, each run alone':40s} {total * 1e3:8.3f} 100.0% "
-               f"{sum(k.flops for k in ks) / total / 1e9:8.1f}")
+    lines.append(f"{k.name[:40]:40s} {k.seconds * 1e3:8.3f} {k.seconds / total * 100:5.1f}% {k.gflops:8.1f} {k.gbps:7.1f}{peak(k.gflops)}")
+  lines.append(f"{'all ' + str(len(ks)) + ' calls, each run alone':40s} {total * 1e3:8.3f} 100.0% {flops / total / 1e9:8.1f} {'':7s}"
+               f"{peak(flops / total / 1e9)}")
   return lines

@@ -156,7 +156,7 @@ def test_help_explains_itself(capsys):
   assert e.value.code == 0
   out = capsys.readouterr().out
   for word in ('--vision-onnx', '--policy-onnx', '--dm-onnx', '--reference', '--camera', 'WxH:stride:uv_offset:size', '--out', '--device',
-               '--beam', 'atomically', 'code', 'PARALLEL'):
+               '--beam', '--winograd', '--schedule', 'atomically', 'code', 'PARALLEL'):
     assert word in out
 
 @pytest.mark.parametrize('argv, msg', [
@@ -167,6 +167,7 @@ def test_help_explains_itself(capsys):
   (['--reference', '--camera', 'big', '--out', 'x'], "expected 'WxH'"),
   (['--dm-onnx', 'd.onnx', '--family', 'road', '--camera', '64x48', '--out', 'x'], '--family road: no models given for it'),
   (['--reference', '--camera', '64x48', '--beam', '-1', '--out', 'x'], '--beam: expected N >= 0, got -1'),
+  (['--reference', '--camera', '64x48', '--winograd', 'some', '--out', 'x'], "--winograd: invalid choice: 'some'"),
 ])
 def test_cli_refuses_bad_arguments(capsys, argv, msg):
   with pytest.raises(SystemExit) as e: main(argv)
@@ -277,3 +278,33 @@ def test_shape_schedule_keeps_onnxruntimes_outputs(tmp_path):
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
     kernels[schedule] = sorted(_name(c) for c in _calls(jit.captured.linear))
   assert kernels['shape'] != kernels['tinygrad'], kernels
+
+def test_winograd_by_the_rule_takes_the_convolutions_on_large_images_only(tmp_path):
+  """modeld-compile's default --winograd rule: a dense 3x3 stride-1 convolution on an image of at least
+  WINOGRAD_MIN_PIXELS runs as Winograd (the kernels of --winograd all), a smaller one direct (those of --winograd off);
+  the outputs stay onnxruntime's."""
+  from onnx import helper
+  from tinygrad import TinyJit
+  from modelrt.onnx_import import WINOGRAD_MIN_PIXELS, winograd
+  from modelrt.profile import _calls, _name
+  from tests.onnx_models import save_model
+  ort = pytest.importorskip('onnxruntime')
+  rng = np.random.default_rng(0)
+  w = rng.standard_normal((8, 8, 3, 3)).astype(np.float32) / 8
+  for h, wd in ((32, 64), (16, 32)):
+    n = 8 * h * wd
+    nodes = [helper.make_node('Conv', ['x', 'w'], ['c'], kernel_shape=[3, 3], pads=[1] * 4, strides=[1, 1]),
+             helper.make_node('Reshape', ['c', 'shape'], ['taps'])]
+    path = save_model(tmp_path / f'{h}.onnx', nodes, {'x': ((1, 8, h, wd), 'float32')}, np.zeros(n, np.float32),
+                      {'w': w, 'shape': np.array([1, -1], np.int64)}, {'out': slice(0, n)})
+    x = {'x': rng.standard_normal((1, 8, h, wd)).astype(np.float32)}
+    md, want, kernels = load_onnx(path, 'vision'), ort.InferenceSession(str(path)).run(None, x)[0], {}
+    for mode in ('rule', 'all', 'off'):
+      with winograd(mode):
+        jit = TinyJit(lambda fn=md.fn, **kw: fn(**kw).contiguous().realize())
+        for _ in range(3): out = jit(x=Tensor(x['x']).realize()).numpy()
+      np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+      kernels[mode] = sorted(_name(c) for c in _calls(jit.captured.linear))
+    assert kernels['all'] != kernels['off'] and kernels['rule'] == kernels['all' if h * wd >= WINOGRAD_MIN_PIXELS else 'off'], (h, kernels)
+  with pytest.raises(ValueError, match="winograd: expected one of \\('rule', 'all', 'off'\\), got 'some'"):
+    with winograd('some'): pass

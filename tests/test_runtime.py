@@ -55,7 +55,7 @@ def test_manifest_describes_the_build(built, road):
   m = road.manifest
   assert (m['format'], m['family'], m['tinygrad'], m['target']['device']) == (FORMAT_VERSION, 'road', tinygrad_version(), 'CPU')
   if os.uname().machine == 'x86_64': assert 'sse2' in m['target']['cpu_features']
-  assert m['options'] == {'beam': 0, 'winograd': False, 'schedule': 'shape'} and m['layouts'] == [str(MAIN), str(EXTRA)]
+  assert m['options'] == {'beam': 0, 'winograd': 'rule', 'schedule': 'shape'} and m['layouts'] == [str(MAIN), str(EXTRA)]
   assert m['contract'] == 'openpilot-0.11.1' and road.contract is ROAD_V0_11_1
   assert m['output_slices']['vision'] == {k: [s.start, s.stop] for k, s in SLICES['vision'].items()}
   assert road.output_slices('policy') == SLICES['policy']
