@@ -4,7 +4,7 @@
 1. The small test models (tests/onnx_models.py, dense: the release's I/O, a few MB of weights) in an artifact for a
    1928x1208 camera: artifact load, first frame, steady frame, guard overhead, tinygrad/onnxruntime.
 2. Warps and reference models at 1928x1208 (the artifact the daemons and the demo use, modeld-compile --reference):
-   each JIT's guarded replay (modelrt.dispatch.HostReplay) against tinygrad's own replay of the same JIT, interleaved,
+   each JIT's guarded replay (modelrt.replay.Replay) against tinygrad's own replay of the same JIT, interleaved,
    and against the targets: both road warps < 2.2 ms together, the reference vision model < 4 ms.
 3. Real-size models, built here with onnx and random weights (no download): a convolutional vision network with
    the release's vision I/O (img, big_img uint8 (1, 12, 128, 256) in, one (1, 1576) vector with its output_slices
@@ -111,20 +111,20 @@ def small_models() -> None:
     print(f"steady frame (2 warps + vision + policy, guarded, copied out): p50 {ms(pct(ts, 50))}, p99 {ms(pct(ts, 99))}")
 
     # guard overhead as the runner pays it (warp: checks; models: checks + host copy) vs the bare replay (the same
-    # HostReplay without checks or copy) + device sync, interleaved so both see the same machine load
+    # launches without checks or copy) + device sync, interleaved so both see the same machine load
     dev = Device[runner.artifact.manifest['target']['device']]
     frame = runner.cameras.get(bufs[0], runner.warps['img'])
     cases = {'warp': (runner.warps['img'], {'queue': runner.queues['img'], 'frame': frame, 'transform': runner.transforms['img'][1]})}
     big = {'queue': runner.queues['big_img'], 'frame': frame, 'transform': runner.transforms['big_img'][1]}
-    cases['vision'] = (runner.vision, {'img': runner.warps['img'].replay(**cases['warp'][1]), 'big_img': runner.warps['big_img'].replay(**big)})
+    cases['vision'] = (runner.vision, {'img': runner.warps['img'].run(cases['warp'][1], copy=False), 'big_img': runner.warps['big_img'].run(big, copy=False)})
     cases['policy'] = (runner.policy, {'features_buffer': runner.features_buffer[1], 'desire_pulse': runner.desire_pulse[1],
                                        'traffic_convention': runner.traffic_convention[1]})
     med = {}
     for name, (g, kw) in cases.items():
       bare, guarded = [], []
       for _ in range(40):
-        t = time.perf_counter(); g.dispatch(**kw); dev.synchronize(); bare.append(time.perf_counter() - t)
-        t = time.perf_counter(); g.replay(**kw); g.copy_out() if name != 'warp' else dev.synchronize(); guarded.append(time.perf_counter() - t)
+        t = time.perf_counter(); g._launch(kw); dev.synchronize(); bare.append(time.perf_counter() - t)
+        t = time.perf_counter(); g.run(kw, copy=name != 'warp'); dev.synchronize(); guarded.append(time.perf_counter() - t)
       med[name] = b, gd = pct(bare[5:], 50), pct(guarded[5:], 50)
       print(f"{name}: bare replay {ms(b)}, guarded {ms(gd)}, ratio {gd / b:.3f}")
     print(f"guarded/bare over the three JITs: {sum(g for _, g in med.values()) / sum(b for b, _ in med.values()):.3f} (target <= 1.05)")
@@ -164,18 +164,18 @@ def reference() -> None:
   dev = Device[road.artifact.manifest['target']['device']]
   frames = {k: road.cameras.get(b, road.warps[k]) for k, b in zip(('img', 'big_img'), bufs)}
   warp_in = {k: {'queue': road.queues[k], 'frame': frames[k], 'transform': road.transforms[k][1]} for k in road.warps}
-  imgs = {k: road.warps[k].replay(**warp_in[k]) for k in road.warps}
+  imgs = {k: road.warps[k].run(warp_in[k], copy=False) for k in road.warps}
   dframe = dm.cameras.get(bufs[2], dm.warp)
-  dm_img = dm.warp.replay(frame=dframe, transform=dm.transform[1])
+  dm_img = dm.warp.run({'frame': dframe, 'transform': dm.transform[1]}, copy=False)
   cases = {'road warp (img)': (road.warps['img'], warp_in['img']), 'wide road warp (big_img)': (road.warps['big_img'], warp_in['big_img']),
            'reference vision': (road.vision, imgs), 'reference policy': (road.policy, {'features_buffer': road.features_buffer[1],
            'desire_pulse': road.desire_pulse[1], 'traffic_convention': road.traffic_convention[1]}),
            'driver warp': (dm.warp, {'frame': dframe, 'transform': dm.transform[1]}), 'reference DM': (dm.model, {'input_img': dm_img, 'calib': dm.calib[1]})}
   p50 = {}
-  print("guarded replay (HostReplay: checks, kernels, output copy) vs tinygrad's own replay of the same JIT, interleaved:")
+  print("guarded replay (modelrt.replay: checks, kernels, output copy) vs tinygrad's own replay of the same JIT, interleaved:")
   for name, (g, kw) in cases.items():
     # a warp's output stays on the device for the model; a model's is copied out
-    out = (lambda g=g, kw=kw: (g.replay(**kw), dev.synchronize())) if 'warp' in name else (lambda g=g, kw=kw: g(**kw))
+    out = (lambda g=g, kw=kw: (g.run(kw, copy=False), dev.synchronize())) if 'warp' in name else (lambda g=g, kw=kw: g.run(kw))
     ts = interleaved({'ours': out, 'tinygrad': lambda g=g, kw=kw: (g.jit(**kw), dev.synchronize())})
     p50[name] = pct(ts['ours'], 50)
     print(f"  {name:26s} p50 {ms(p50[name])}, p99 {ms(pct(ts['ours'], 99))}; tinygrad's replay p50 {ms(pct(ts['tinygrad'], 50))} "
@@ -311,14 +311,14 @@ def realsize(beam: int) -> None:
       took = f"built now in {time.perf_counter() - t:.1f} s" if built else f"cached, built in {art.manifest.get('build_seconds', '?')} s"
       g = art.models[model]
       inputs = {k: Tensor(v, device=g.inputs[k].device).realize() for k, v in feed.items()}
-      err = float(np.abs(g(**inputs) - want).max() / np.abs(want).max())
+      err = float(np.abs(g.run(inputs) - want).max() / np.abs(want).max())
       print(f"real-size {model} {name} (BEAM={b}, --winograd {wino}, --schedule {schedule}; {took}): max |diff| to onnxruntime "
             f"{err:.1e} of its largest output ({'within' if err <= 1e-4 else 'NOT within'} 1e-4)")
       runs[name] = g, inputs
-      fns[name] = lambda g=g, inputs=inputs: g(**inputs)
+      fns[name] = lambda g=g, inputs=inputs: g.run(inputs)
     g2 = load_artifact(CACHE / 'bench-realsize' / 'shape-beam0-winograd-rule', family).models[model]   # its own buffers
-    g2.dispatch.threads = 2
-    fns['default, 2 threads'] = lambda g=g2, inputs=runs['default'][1]: g(**inputs)
+    g2.threads = 2
+    fns['default, 2 threads'] = lambda g=g2, inputs=runs['default'][1]: g.run(inputs)
     np.testing.assert_array_equal(fns['default, 2 threads'](), fns['default']())
     for n, se in sess.items(): fns[f'onnxruntime, {n} thread{"s" * (n > 1)}'] = lambda se=se, feed=feed: se.run(None, feed)
     ts = interleaved(fns, blocks=6, per_block=5)

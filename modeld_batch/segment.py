@@ -34,7 +34,7 @@ class Runners:
     from modelrt.artifact import load_artifact
     self.arts = {f: load_artifact(artifacts, f) for f in ('road', 'dm')}
     for art in self.arts.values():   # ready to serve at speed, as a daemon after its warm-up (the warps: per layout, later)
-      for m in art.models.values(): m.dispatch.bind()
+      for m in art.models.values(): m.bind()
     self.runners, self.bufs = {}, {}
 
   def get(self, family: str, layouts: tuple):

@@ -79,7 +79,7 @@ class FrameModel:
   def run(self, frames: tuple, **inputs) -> FrameRun | None:
     """The runner on these frames' inputs: a FrameRun with outputs, or None (counted) where the inputs fail their check
     or the frame only feeds the history."""
-    from modelrt.guard import InputSpecError   # not at the top: it imports tinygrad, which reads DEV once, after the options set it
+    from modelrt.replay import InputSpecError   # not at the top: it imports tinygrad, which reads DEV once, after the options set it
     fid, t0 = frames[0].frame_id, time.perf_counter()
     try: out = self.runner.run(**inputs)
     except InputSpecError as e:

@@ -18,7 +18,7 @@ from tinygrad.uop.ops import UOp, Ops, ParamArg
 from cereal.services import CAMERA_OF_STREAM
 from msgq.visionipc import DRIVER
 from msgq.visionipc.layout import NV12Layout
-from modelrt.guard import GuardedJit, TensorSpec, is_count
+from modelrt.replay import Replay, TensorSpec, is_count
 from modelrt.contracts import CONTRACTS, FAMILY_MODELS, Contract, lookup
 
 FORMAT_VERSION = 2   # 2: the manifest names the models' I/O contract
@@ -202,7 +202,7 @@ class Artifact:
   dir: pathlib.Path
   family: str
   manifest: dict[str, Any]
-  models: dict[str, GuardedJit] = dataclasses.field(default_factory=dict)   # loaded by load_artifact; warps load per camera
+  models: dict[str, Replay] = dataclasses.field(default_factory=dict)   # loaded by load_artifact; warps load per camera
 
   @property
   def layouts(self) -> list[str]: return list(self.manifest['layouts'])
@@ -212,11 +212,11 @@ class Artifact:
     return {k: slice(*v) for k, v in self.manifest['output_slices'][model].items()}
   def rebuild_command(self, extra_layout: str | None = None) -> str: return _rebuild(self.manifest, self.dir, extra_layout)
 
-  def load_jit(self, name: str) -> GuardedJit:
+  def load_jit(self, name: str) -> Replay:
     """A fresh, verified instance of one captured JIT (its own buffers: loading twice gives two independent JITs)."""
     entry = self.manifest['jits'][name]
     jit = load_verified(self.dir, entry, self.manifest['files'], self.rebuild_command())
-    return GuardedJit(name, jit, [TensorSpec.from_json(s) for s in entry['inputs']])
+    return Replay(name, jit, [TensorSpec.from_json(s) for s in entry['inputs']])
 
   def warp_name(self, layout: str) -> str:
     if layout not in self.manifest['layouts']:

@@ -19,8 +19,8 @@ from msgq.visionipc.layout import NV12Layout
 from transformations.model import MODEL_WIDTH, MODEL_HEIGHT, DM_WIDTH, DM_HEIGHT
 from modelrt.modeldef import ModelDef
 from modelrt.contracts import CONTRACTS, FAMILY_MODELS, ContractError, Model, identify
-from modelrt.guard import TensorSpec, GuardedJit, buffer_of
-from modelrt.runner import IMG_QUEUE_SHAPE, aligned_empty, camera_tensor, host_tensor, zero_tensor
+from modelrt.replay import TensorSpec, Replay, buffer_of, camera_tensor
+from modelrt.runner import IMG_QUEUE_SHAPE, aligned_empty, host_tensor, zero_tensor
 from modelrt import artifact
 from modelrt.artifact import save_jit, load_verified, write_artifact, load_artifact, ArtifactError, warp_name, FORMAT_VERSION
 from modelrt.schedule import scheduled, vector_width
@@ -110,7 +110,9 @@ def build_jit(name: str, fn: Callable, plans: list[InputPlan], device: str, out_
   rng = np.random.default_rng(seed)
   feeds = [Feed(plans, device, rng, transform_size) for _ in range(5)]
   def fail(msg): raise ValidationError(f"{name}: {msg}")
-  def run(f, feed, state, **change): return _out(f(**{**feed.tensors, **change}, **state))
+  def run(f, feed, state, **change):
+    kw = {**feed.tensors, **change, **state}
+    return _out(f.run(kw) if isinstance(f, Replay) else f(**kw))
   def zero(state):
     for t in state.values(): zero_tensor(t)
 
@@ -129,7 +131,7 @@ def build_jit(name: str, fn: Callable, plans: list[InputPlan], device: str, out_
   entry = save_jit(jit, out_dir, name)
   files = {fn_: artifact.sha256_file(out_dir / fn_) for fn_ in (entry['file'], entry['weights'])}
   specs = [TensorSpec.of(p.name, feeds[0].tensors[p.name] if p.kind != 'state' else js[p.name], str(p.layout) if p.layout else None) for p in plans]
-  loaded = GuardedJit(name, load_verified(out_dir, entry, files, 'modeld-compile'), specs)
+  loaded = Replay(name, load_verified(out_dir, entry, files, 'modeld-compile'), specs)
   ls = new_state(plans, device)
   zero(js)
   for i, f in enumerate(feeds):

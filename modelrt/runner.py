@@ -8,7 +8,6 @@ Camera buffers are CameraBuffers: VisionIPC's VisionBuf, or a HostBuf.
 from __future__ import annotations
 import os
 from dataclasses import dataclass
-from typing import Protocol
 import numpy as np
 from tinygrad import Tensor, dtypes
 from tinygrad.device import Buffer
@@ -16,9 +15,8 @@ from msgq.visionipc.layout import NV12Layout
 from modelrt.artifact import Artifact, load_artifact
 from transformations.model import MODEL_HEIGHT, MODEL_WIDTH
 from modelrt.constants import DESIRE_LEN, TRAFFIC_CONVENTION_LEN, FRAME_SKIP, IMG_CHANNELS, IMG_QUEUE_LEN
-from modelrt.guard import CameraLayoutError, GuardedJit, buffer_of
+from modelrt.replay import ALIGN, CameraBuffer, CameraTensors, Replay, buffer_of
 
-ALIGN = 64   # bytes: from_blob's kernels need 16 (clang's CPU kernels segfault on less); a cache line to be safe
 IMG_QUEUE_SHAPE = (1, IMG_QUEUE_LEN * IMG_CHANNELS, MODEL_HEIGHT // 2, MODEL_WIDTH // 2)   # 5 packed frames, in the warp JIT's state
 
 def aligned_empty(nbytes: int, align: int = ALIGN) -> np.ndarray:
@@ -27,27 +25,12 @@ def aligned_empty(nbytes: int, align: int = ALIGN) -> np.ndarray:
   off = -raw.ctypes.data % align
   return raw[off:off + nbytes]
 
-def camera_tensor(addr: int, size: int) -> Tensor:
-  """Zero-copy uint8 view of a camera buffer. It does not keep the memory alive: the mapping must outlive it."""
-  return Tensor.from_blob(addr, (size,), dtype=dtypes.uint8, device='CPU')
-
 def host_tensor(arr: np.ndarray) -> Tensor:
   """A Tensor sharing a numpy array's memory (NPY device): in-place writes to the array are seen at the next replay."""
   return Tensor(arr, device='NPY')
 
 def zero_tensor(t: Tensor) -> None:
   (b := buffer_of(t)).copy_from(Buffer('PYTHON', b.size, b.dtype, opaque=memoryview(bytearray(b.nbytes))))
-
-class CameraBuffer(Protocol):
-  """What the runners read of a camera buffer: where it is, which ring slot of which stream, and its NV12 layout."""
-  addr: int
-  idx: int
-  stream: int
-  width: int
-  height: int
-  stride: int
-  uv_offset: int
-  size: int
 
 class HostBuf:
   """A camera buffer in host memory offering what the runners read of VisionIPC's VisionBuf: for warm-up, batch replays,
@@ -58,27 +41,6 @@ class HostBuf:
     self.data[:] = 0 if image is None else image
     self.addr, self.idx, self.stream, self.layout = self.data.ctypes.data, idx, stream, layout
     self.width, self.height, self.stride, self.uv_offset, self.size = layout.width, layout.height, layout.stride, layout.uv_offset, layout.size
-
-class CameraTensors:
-  """from_blob tensors over camera buffers, cached by (stream, buffer index). They do not keep the mapping alive:
-  release() must run before the camera client unmaps its buffers. Passed to the JITs as arguments, never captured."""
-  def __init__(self, artifact: Artifact):
-    self.artifact, self._cache = artifact, {}
-
-  def get(self, buf: CameraBuffer, warp: GuardedJit) -> Tensor:
-    """The `frame` input of `warp` over this buffer, once the buffer is checked against the layout that warp was
-    captured for (its input spec in the artifact) and for a from_blob-safe alignment: CameraLayoutError if not."""
-    # the buffer's fields, formatted as a layout (a buffer is not one, and may hold fields no layout accepts)
-    if (got := NV12Layout.__str__(buf)) != (want := warp.inputs['frame'].layout):
-      raise CameraLayoutError(f"camera stream {buf.stream} buffer {buf.idx}: expected layout {want}, got {got}; "
-                              f"a new camera layout needs a new runner (artifact serves {', '.join(self.artifact.layouts)})")
-    if buf.addr % ALIGN: raise CameraLayoutError(f"camera stream {buf.stream} buffer {buf.idx}: address {buf.addr:#x} is not {ALIGN}-byte aligned")
-    if buf.idx < 0: return camera_tensor(buf.addr, buf.size)
-    hit = self._cache.get(key := (buf.stream, buf.idx))
-    if hit is None or hit[0] != buf.addr: self._cache[key] = hit = (buf.addr, camera_tensor(buf.addr, buf.size))
-    return hit[1]
-
-  def release(self) -> None: self._cache.clear()
 
 def _host(*shape: int) -> tuple[np.ndarray, Tensor]:
   a = np.zeros(shape, np.float32)
@@ -113,7 +75,7 @@ class RoadRunner:
   def __init__(self, artifact: Artifact | str | os.PathLike, main_layout: NV12Layout, extra_layout: NV12Layout | None = None, threads: int = 1):
     self.artifact = art = _open(artifact, 'road')
     self.main_layout, self.extra_layout = main_layout, extra_layout or main_layout
-    self.warps: dict[str, GuardedJit] = {k: art.load_jit(art.warp_name(str(l))) for k, l in (('img', self.main_layout), ('big_img', self.extra_layout))}
+    self.warps: dict[str, Replay] = {k: art.load_jit(art.warp_name(str(l))) for k, l in (('img', self.main_layout), ('big_img', self.extra_layout))}
     self.vision, self.policy = art.models['vision'], art.models['policy']
     self.vision_slices, self.policy_slices = art.output_slices('vision'), art.output_slices('policy')
     device = art.manifest['target']['device']
@@ -126,13 +88,13 @@ class RoadRunner:
     self.full_features = np.zeros(((self.history - 1) * FRAME_SKIP + 1, feature_len), np.float32)
     self.full_desire = np.zeros((self.history * FRAME_SKIP, DESIRE_LEN), np.float32)
     self.prev_desire = np.zeros(DESIRE_LEN, np.float32)
-    self.cameras = CameraTensors(art)
+    self.cameras = CameraTensors(art.layouts)
     self.set_threads(threads)
 
   def set_threads(self, n: int) -> None:
     """Replay every JIT of this runner with n threads sharing each kernel's launches (the models are the artifact's:
     other runners over it see the change)."""
-    for g in (*self.warps.values(), self.vision, self.policy): g.dispatch.threads = n
+    for g in (*self.warps.values(), self.vision, self.policy): g.threads = n
 
   def set_transforms(self, road_M: np.ndarray, wide_M: np.ndarray) -> None:
     """Model pixel -> camera pixel maps for `img` (main camera) and `big_img` (extra camera); read at the next replay."""
@@ -151,7 +113,7 @@ class RoadRunner:
     frames = {k: self.cameras.get(b, self.warps[k]) for k, b in (('img', main_buf), ('big_img', extra_buf))}
     warp_in = {k: {'queue': self.queues[k], 'frame': frames[k], 'transform': self.transforms[k][1]} for k in self.warps}
     for k, w in self.warps.items(): w.check(warp_in[k])   # both before either replays: a bad input must not advance a queue
-    imgs = {k: w.dispatch(**warp_in[k]) for k, w in self.warps.items()}
+    imgs = {k: w.run(warp_in[k], copy=False) for k, w in self.warps.items()}
 
     # desire is a pulse on the rising edge (index 0, no desire, never pulses), seen by the frame's edge detection even
     # when the frame only prepares
@@ -161,7 +123,7 @@ class RoadRunner:
     self.prev_desire[:] = desire
     if prepare_only: return None
 
-    vision_out = self.vision(**imgs)
+    vision_out = self.vision.run(imgs)
     self.full_features[:-1] = self.full_features[1:]
     self.full_features[-1] = vision_out[self.vision_slices['hidden_state']]
     self.features_buffer[0][0] = self.full_features[::FRAME_SKIP]
@@ -169,7 +131,8 @@ class RoadRunner:
     self.full_desire[-1] = pulse
     self.desire_pulse[0][0] = self.full_desire.reshape(self.history, FRAME_SKIP, DESIRE_LEN).max(axis=1)
     self.traffic_convention[0][0] = traffic_convention
-    policy_out = self.policy(features_buffer=self.features_buffer[1], desire_pulse=self.desire_pulse[1], traffic_convention=self.traffic_convention[1])
+    policy_out = self.policy.run({'features_buffer': self.features_buffer[1], 'desire_pulse': self.desire_pulse[1],
+                                  'traffic_convention': self.traffic_convention[1]})
     return _output((vision_out, self.vision_slices), (policy_out, self.policy_slices))
 
   def reset(self) -> None:
@@ -195,11 +158,11 @@ class DMRunner:
     self.warp, self.model = art.load_jit(art.warp_name(str(layout))), art.models['dm']
     self.slices = art.output_slices('dm')
     self.transform, self.calib = _host(3, 3), _host(1, 3)
-    self.cameras = CameraTensors(art)
+    self.cameras = CameraTensors(art.layouts)
     self.set_threads(threads)
 
   def set_threads(self, n: int) -> None:
-    for g in (self.warp, self.model): g.dispatch.threads = n
+    for g in (self.warp, self.model): g.threads = n
 
   def run(self, buf: CameraBuffer, calib: np.ndarray, transform: np.ndarray) -> ModelOutput:
     if np.size(calib) != 3: raise ValueError(f"calib: expected 3 values (rpyCalib), got shape {np.shape(calib)}")
@@ -207,7 +170,8 @@ class DMRunner:
     frame = self.cameras.get(buf, self.warp)
     self.calib[0][:] = np.reshape(calib, (1, 3))
     self.transform[0][:] = transform
-    return _output((self.model(input_img=self.warp.replay(frame=frame, transform=self.transform[1]), calib=self.calib[1]), self.slices))
+    img = self.warp.run({'frame': frame, 'transform': self.transform[1]}, copy=False)
+    return _output((self.model.run({'input_img': img, 'calib': self.calib[1]}), self.slices))
 
   def reset(self) -> None:
     """Nothing to forget: the driver model keeps no frame history."""

@@ -46,17 +46,17 @@ def test_the_artifacts_replay_the_models_bit_for_bit():
     if camera == 'driver': return dm_warp_np(buf, dm_warp_matrix(cam), layout)
     return road_warp_np(buf, road_warp_matrix(sc.calib, cam, wide=camera == 'wide'), layout)
   img, big_img = (np.concatenate([frame(c, 20), frame(c, 24)])[None] for c in ('road', 'wide'))
-  vision = arts['road'].models['vision'](img=Tensor(img, device='CPU').realize(), big_img=Tensor(big_img, device='CPU').realize())
+  vision = arts['road'].models['vision'].run({'img': Tensor(img, device='CPU').realize(), 'big_img': Tensor(big_img, device='CPU').realize()})
   np.testing.assert_array_equal(vision, vision_model().fn(img=Tensor(img), big_img=Tensor(big_img)).numpy()[0])
   features, desire = (np.zeros(ROAD_V0_11_1.policy.inputs[k].shape, np.float32) for k in ('features_buffer', 'desire_pulse'))
   features[0, -1] = vision[arts['road'].output_slices('vision')['hidden_state']]
   traffic = np.array([[1, 0]], np.float32)
-  policy = arts['road'].models['policy'](**{k: host_tensor(v) for k, v in
+  policy = arts['road'].models['policy'].run({k: host_tensor(v) for k, v in
                                             (('features_buffer', features), ('desire_pulse', desire), ('traffic_convention', traffic))})
   eager = policy_model().fn(features_buffer=Tensor(features), desire_pulse=Tensor(desire), traffic_convention=Tensor(traffic))
   np.testing.assert_array_equal(policy, eager.numpy()[0])
   input_img, calib = frame('driver', 30), np.array([sc.calib], np.float32)
-  dm = arts['dm'].models['dm'](input_img=Tensor(input_img, device='CPU').realize(), calib=host_tensor(calib))
+  dm = arts['dm'].models['dm'].run({'input_img': Tensor(input_img, device='CPU').realize(), 'calib': host_tensor(calib)})
   np.testing.assert_array_equal(dm, dm_model().fn(input_img=Tensor(input_img), calib=Tensor(calib)).numpy()[0])
 
 @pytest.mark.parametrize("scene", ["straight", "curve"])

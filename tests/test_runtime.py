@@ -11,7 +11,7 @@ from modelrt.contracts import CONTRACTS, DM_V0_11_1, ROAD_V0_11_1
 from modelrt.artifact import load_artifact, ArtifactError, FORMAT_VERSION, tinygrad_version
 from modelrt import compile as modeld_compile
 from modelrt.compile import main
-from modelrt.guard import CameraLayoutError, buffer_of
+from modelrt.replay import CameraLayoutError, buffer_of
 from modelrt.runner import RoadRunner, DMRunner, HostBuf
 from modelrt.warp import road_warp_np, dm_warp_np
 
@@ -182,7 +182,7 @@ def test_models_match_onnxruntime(built, model):
   for k, s in g.inputs.items():
     a = rng.integers(0, 256, s.shape, dtype=np.uint8) if s.dtype == 'uint8' else rng.standard_normal(s.shape).astype(s.dtype)
     feeds[k] = (a, host_tensor(a) if s.device == 'NPY' else Tensor(a, device=s.device).realize())
-  ours = g(**{k: t for k, (a, t) in feeds.items()})
+  ours = g.run({k: t for k, (a, t) in feeds.items()})
   so = ort.SessionOptions()
   so.intra_op_num_threads = 1
   theirs = ort.InferenceSession(str(built[1][model]), so).run(None, {k: a for k, (a, t) in feeds.items()})[0].reshape(-1)
@@ -226,7 +226,7 @@ def test_image_queue_keeps_the_frame_four_earlier(road):
   r.set_transforms(T, T)
   bufs, imgs = [CamBuf(MAIN, idx=i, seed=10 + i) for i in range(2 * FRAME_SKIP + 1)], []
   for b in bufs:
-    imgs.append(w(queue=r.queues['img'], frame=r.cameras.get(b, w), transform=r.transforms['img'][1]).reshape(2 * IMG_CHANNELS, -1))
+    imgs.append(w.run({'queue': r.queues['img'], 'frame': r.cameras.get(b, w), 'transform': r.transforms['img'][1]}).reshape(2 * IMG_CHANNELS, -1))
   assert not imgs[0][:IMG_CHANNELS].any()                  # no history yet: the older half is zeros
   for b, img in zip(bufs, imgs):                            # the newest half is the warp of this frame (from_blob, reloaded JIT)
     np.testing.assert_array_equal(img[IMG_CHANNELS:], road_warp_np(b.data, T, MAIN).reshape(IMG_CHANNELS, -1))
@@ -329,7 +329,7 @@ def test_dm_runner(built):
   r.warmup()
   x = CamBuf(MAIN, stream=1, seed=90)
   out = r.run(x, np.zeros(3), T)
-  np.testing.assert_array_equal(r.warp(frame=r.cameras.get(x, r.warp), transform=r.transform[1]), dm_warp_np(x.data, T, MAIN).reshape(-1))
+  np.testing.assert_array_equal(r.warp.run({'frame': r.cameras.get(x, r.warp), 'transform': r.transform[1]}), dm_warp_np(x.data, T, MAIN).reshape(-1))
   assert set(out.outputs) == set(SLICES['dm']) and out.raw.shape == (553,)
   held = out.raw.copy()
   assert not np.array_equal(held, r.run(x, np.array([0, .1, 0]), T).raw)          # calibration is a live input
@@ -348,9 +348,9 @@ def test_weights_load_without_a_host_view(road, monkeypatch):
   import modelrt.artifact
   from modelrt.runner import host_tensor
   feeds = {k: host_tensor(np.random.default_rng(1).standard_normal(s.shape).astype(np.float32)) for k, s in road.models['policy'].inputs.items()}
-  want = road.models['policy'](**feeds)
+  want = road.models['policy'].run(feeds)
   monkeypatch.setattr(modelrt.artifact, '_host_view', lambda buf: None)
-  np.testing.assert_array_equal(road.load_jit('policy')(**feeds), want)
+  np.testing.assert_array_equal(road.load_jit('policy').run(feeds), want)
 
 # ***** threads *****
 
@@ -364,7 +364,7 @@ def test_runners_with_threads_give_one_threads_outputs(built):
     r.set_transforms(T, T * 1.1)
     outs[n] = [one(r, CamBuf(MAIN, idx=i, seed=30 + i), desire(i % 3), LHD).raw.copy() for i in range(FRAME_SKIP + 2)]
     outs[n].append(d.run(CamBuf(MAIN, stream=1, seed=40), np.array([0, .1, 0]), T).raw.copy())
-    assert {g.dispatch.threads for g in (*r.warps.values(), r.vision, r.policy, d.warp, d.model)} == {n}
+    assert {g.threads for g in (*r.warps.values(), r.vision, r.policy, d.warp, d.model)} == {n}
   for a, b in zip(outs[1], outs[2]): np.testing.assert_array_equal(a, b)
 
 @pytest.mark.parametrize('daemon', ['modeld', 'dmonitoringd'])
