@@ -21,7 +21,7 @@ from modelrt.modeldef import ModelDef
 from modelrt.contracts import CONTRACTS, FAMILY_MODELS, ContractError, Model, identify
 from modelrt.replay import TensorSpec, Replay, buffer_of, camera_tensor
 from modelrt.runner import IMG_QUEUE_SHAPE, aligned_empty, host_tensor, zero_tensor
-from modelrt import artifact
+from modelrt import artifact, internals
 from modelrt.artifact import save_jit, load_verified, write_artifact, load_artifact, ArtifactError, warp_name, FORMAT_VERSION
 from modelrt.schedule import scheduled, vector_width
 
@@ -228,7 +228,7 @@ def count_kernels(jobs: list, device: str) -> int:
     for _, fn, plans, tsize in jobs:
       feed, state, jit = Feed(plans, device, np.random.default_rng(0), tsize), new_state(plans, device), TinyJit(fn, prune=True)
       for _ in range(2): jit(**feed.tensors, **state)
-      n += len({c.src[0].key for c in jit.captured._linear.src if c.src[0].op is Ops.PROGRAM})
+      n += len({c.src[0].key for c in internals.calls(jit.captured).src if c.src[0].op is Ops.PROGRAM})
   return n
 
 @contextlib.contextmanager
@@ -236,17 +236,15 @@ def beam_progress(family: str, beam: int, kernels: int) -> Iterator[None]:
   """A bar with an ETA over the BEAM searches (minutes, where a build without them takes seconds): tinygrad looks up
   codegen.opt.search.beam_search at every kernel it optimizes, so a counting wrapper sees each one finish (a cached
   search finishes at once)."""
-  from tinygrad.codegen.opt import search
-  real = search.beam_search
   with tqdm(total=kernels, desc=f"{family}: BEAM={beam} kernel search", unit='kernel') as bar:
-    def counted(*args, **kwargs):
-      try: return real(*args, **kwargs)
-      finally:
-        bar.t = max(bar.t, bar.n + 1)   # its total
-        bar.update(1)
-    search.beam_search = counted
-    try: yield
-    finally: search.beam_search = real
+    def counting(real: Callable) -> Callable:
+      def counted(*args, **kwargs):
+        try: return real(*args, **kwargs)
+        finally:
+          bar.t = max(bar.t, bar.n + 1)   # its total
+          bar.update(1)
+      return counted
+    with internals.wrapped('tinygrad.codegen.opt.search', 'beam_search', counting): yield
 
 def main(argv: list[str] | None = None) -> int:
   ap = argparse.ArgumentParser(prog='modeld-compile', formatter_class=argparse.RawDescriptionHelpFormatter, description=__doc__, epilog="""

@@ -7,9 +7,9 @@ import base64, contextlib, io, pathlib, pickle
 from collections.abc import Iterator
 from tinygrad import Tensor
 from tinygrad.helpers import Context
-from tinygrad.dtype import _to_np_dtype
-from tinygrad.nn.onnx import OnnxPBParser, OnnxRunner, WireType, onnx_ops
+from tinygrad.nn.onnx import OnnxPBParser, WireType, onnx_ops
 from tinygrad.uop.ops import Ops, UOp
+from modelrt.internals import onnx_field_end, onnx_fields, onnx_runner, to_np_dtype
 import numpy as np
 from modelrt.artifact import sha256_file
 from modelrt.contracts import FAMILY_MODELS
@@ -29,10 +29,10 @@ def metadata_props(path: str | pathlib.Path) -> dict[str, str]:
   """ModelProto.metadata_props (field 14), which tinygrad's parser skips; the graph is skipped by a seek, not read."""
   p = OnnxPBParser(path, load_external_data=False)
   r, props = p.reader, {}
-  for fid, wire_type in p._parse_message(r.len):
+  for fid, wire_type in onnx_fields(p, r.len):
     if fid != 14 or wire_type != WireType.LENGTH_DELIMITED: r.skip_field(wire_type); continue
     entry = {}
-    for efid, ewt in p._parse_message(p._decode_end_pos()):
+    for efid, ewt in onnx_fields(p, onnx_field_end(p)):
       if efid in (1, 2): entry[efid] = r.read_string()
       else: r.skip_field(ewt)
     props[entry.get(1, '')] = entry.get(2, '')
@@ -111,8 +111,7 @@ def load_onnx(path: str | pathlib.Path, model: str) -> ModelDef:
   if model not in MODELS: raise ValueError(f"model must be one of {list(MODELS)}, got {model!r}")
   try: graph = OnnxPBParser(path).parse()['graph']
   except Exception as e: raise OnnxImportError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
-  runner = OnnxRunner.__new__(OnnxRunner)   # OnnxRunner(path) would parse the file a second time
-  runner._init_from_graph(graph)
+  runner = onnx_runner(graph)
   runner.onnx_ops = {**onnx_ops, 'Concat': _concat, 'Conv': _conv, 'Relu': _relu}
   done = set()   # constant weights stored output channels (a matmul's columns) innermost, read through a view
   for n in runner.graph_nodes:
@@ -122,7 +121,7 @@ def load_onnx(path: str | pathlib.Path, model: str) -> ModelDef:
     else: continue
     runner.graph_values[name] = w.permute(perm).contiguous().realize().permute(tuple(perm.index(i) for i in range(len(perm))))
     done.add(name)
-  inputs = {k: (tuple(v.shape), np.dtype(n).name if (n := _to_np_dtype(v.dtype)) is not None else v.dtype.name) for k, v in runner.graph_inputs.items()}
+  inputs = {k: (tuple(v.shape), np.dtype(n).name if (n := to_np_dtype(v.dtype)) is not None else v.dtype.name) for k, v in runner.graph_inputs.items()}
   if len(runner.graph_outputs) != 1: raise OnnxImportError(f"{path}: expected one output vector, the model has {list(runner.graph_outputs)}")
   oshape = graph['output'][0]['parsed_type'].shape
   if len(oshape) != 2 or oshape[0] != 1 or not isinstance(oshape[1], int):

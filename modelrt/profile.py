@@ -8,9 +8,9 @@ from __future__ import annotations
 import re, time
 from dataclasses import dataclass
 from tinygrad import Device, Tensor, TinyJit
-from tinygrad.engine.jit import _prepare_jit_inputs
 from tinygrad.engine.realize import ExecContext, pm_exec, get_call_name, get_call_arg_uops, estimate_uop
 from tinygrad.uop.ops import Ops, UOp, sym_infer
+from modelrt.internals import prepare_jit_inputs
 
 @dataclass(frozen=True)
 class KernelTime:
@@ -40,7 +40,7 @@ def kernel_profile(jit: TinyJit, inputs: dict[str, Tensor], runs: int = 5) -> li
   """Every call of a captured TinyJit (`jit.captured`) timed `runs` times on these inputs (the JIT's input names),
   in call order. The JIT must have replayed once on inputs like these."""
   if jit.captured is None: raise ValueError("kernel_profile: the JIT has not been captured")
-  input_uops, var_vals, _, _ = _prepare_jit_inputs((), inputs)
+  input_uops, var_vals, _, _ = prepare_jit_inputs((), inputs)
   calls = _calls(jit.captured.linear)
   ctx = ExecContext(var_vals, tuple(input_uops), update_stats=False, jit=True, wait=True)
   devices = {d for c in calls for d in ((c.src[1].device,) if isinstance(c.src[1].device, str) else c.src[1].device)}

@@ -10,12 +10,13 @@ from dataclasses import MISSING, dataclass, asdict, fields
 import numpy as np
 from tinygrad import Tensor, dtypes
 from tinygrad.device import Buffer
-from tinygrad.dtype import DTYPES_DICT, DType, _to_np_dtype, _from_np_dtype
-from tinygrad.engine.jit import JitError, _copy_input, _prepare_jit_inputs
+from tinygrad.dtype import DTYPES_DICT, DType
+from tinygrad.engine.jit import JitError
 from tinygrad.engine.realize import ExecContext, get_call_arg_uops, get_runtime, pm_exec
 from tinygrad.helpers import disable_gc
 from tinygrad.uop.ops import Ops, UOp, buffers
 from msgq.visionipc.layout import NV12Layout
+from modelrt.internals import copy_input, from_np_dtype, prepare_jit_inputs, to_np_dtype, written_uops
 
 ALIGN = 64   # bytes: from_blob's kernels need 16 (clang's CPU kernels segfault on less); a cache line to be safe
 
@@ -36,9 +37,9 @@ class TensorSpec:
 
   @classmethod
   def of(cls, name: str, t: Tensor, layout: str | None = None) -> TensorSpec:
-    return cls(name, np.dtype(_to_np_dtype(t.dtype)).name, tuple(t.shape), str(t.device), t.nbytes(), layout)
+    return cls(name, np.dtype(to_np_dtype(t.dtype)).name, tuple(t.shape), str(t.device), t.nbytes(), layout)
   @functools.cached_property
-  def tg_dtype(self) -> DType: return _from_np_dtype(np.dtype(self.dtype))
+  def tg_dtype(self) -> DType: return from_np_dtype(np.dtype(self.dtype))
   def to_json(self) -> dict: return asdict(self)
   @classmethod
   def from_json(cls, d: dict) -> TensorSpec:
@@ -68,7 +69,7 @@ def check_input(spec: TensorSpec, t: object) -> None:
   """Raise InputSpecError naming the input, what was expected and what came."""
   def bad(what, want, got): raise InputSpecError(f"input {spec.name!r}: expected {what} {want}, got {got}")
   if not isinstance(t, Tensor): bad('a Tensor', '', type(t).__name__)
-  if t.dtype != spec.tg_dtype: bad('dtype', spec.dtype, np.dtype(_to_np_dtype(t.dtype)).name if _to_np_dtype(t.dtype) else t.dtype)
+  if t.dtype != spec.tg_dtype: bad('dtype', spec.dtype, np.dtype(to_np_dtype(t.dtype)).name if to_np_dtype(t.dtype) else t.dtype)
   if t.shape != spec.shape: bad('shape', spec.shape, t.shape)
   if t.device != spec.device: bad('device', spec.device, t.device)
   if (buf := buffer_of(t)) is None: bad('a contiguous realized buffer', '', f"a lazy or strided view {t.uop.op}")
@@ -156,7 +157,7 @@ class Replay:
     self.name, self.jit, self.inputs, self.steps, self.threads = name, jit, {s.name: s for s in inputs}, None, threads
     self._checked: dict[tuple, tuple] = {}   # ids of the input UOps -> (weak refs to them, var values): passed tinygrad's check
     ret = jit.captured.ret
-    self._out = None if ret is None else (buffer_of(ret), _to_np_dtype(ret.dtype))
+    self._out = None if ret is None else (buffer_of(ret), to_np_dtype(ret.dtype))
 
   @property
   def threads(self) -> int: return self._threads
@@ -184,7 +185,7 @@ class Replay:
     if self.steps is None:
       cap = self.jit.captured
       self.steps = [_Launch(c) if _bindable(c) else c for c in cap.linear.src]
-      cap._written_uops   # noqa: B018 (a cached property: the first replay's other one-time cost)
+      written_uops(cap)   # a cached property: the first replay's other one-time cost
 
   def _signature(self, inputs: dict[str, Tensor]) -> tuple[list[UOp], dict]:
     """The input buffers' UOps and the variable values, through tinygrad's own signature check (JitError) once per set
@@ -193,7 +194,7 @@ class Replay:
     hit = self._checked.get(key := tuple(map(id, uops)))
     if hit is not None and all(r() is u for r, u in zip(hit[0], uops)): return [u.base for u in uops], hit[1]
     cap = self.jit.captured
-    input_uops, var_vals, names, info = _prepare_jit_inputs((), inputs)
+    input_uops, var_vals, names, info = prepare_jit_inputs((), inputs)
     if names != cap.expected_names or info != cap.expected_input_info:
       raise JitError(f"args mismatch in JIT: expected {cap.expected_names} {cap.expected_input_info}, got {names} {info}")
     # weak refs: a camera buffer's from_blob UOp must not outlive its mapping here; a dead one's id may come back
@@ -217,7 +218,7 @@ class Replay:
     self.bind()
     if not any(isinstance(s, _Launch) for s in self.steps): return self.jit(**inputs)
     input_uops, var_vals = self._signature(inputs)
-    input_uops = [_copy_input(u) if u in cap._written_uops else u for u in input_uops]
+    input_uops = [copy_input(u) if u in written_uops(cap) else u for u in input_uops]
     addrs = [u.buffer.get_buf('CPU').va_addr if u.buffer.device == 'CPU' else 0 for u in input_uops]
     ctx = None
     def step(s):

@@ -1,17 +1,15 @@
-"""Kernel options from shapes: convolutions and matmuls scheduled for the CPU's vector units, without timing anything.
-
-A kernel that sums products of a weight read contiguously along an output axis (the output channels of a conv whose
-weights are stored channels-last, the columns of a matmul) gets that axis in vectors of the CPU's width, a block of
-positions of another output axis as independent accumulators (register blocking), its innermost reduction unrolled,
-and its outermost output axis cut into launches. The same model gives the same kernels on every machine of an ISA.
-"""
+"""Kernel options from shapes, without timing anything: a sum of products whose weight is read contiguously along an
+output axis (a channels-last conv's output channels, a matmul's columns) gets that axis in vectors of the CPU's width,
+a block of another output axis as independent accumulators, its innermost reduction unrolled, and its outermost
+output axis cut into launches. The same model gives the same kernels on every machine of an ISA."""
 from __future__ import annotations
 import contextlib, dataclasses, functools, os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from tinygrad.codegen.opt import Opt, OptOps, KernelOptError
 from tinygrad.dtype import dtypes
 from tinygrad.helpers import Context, getenv
 from tinygrad.uop.ops import Ops, UOp
+from modelrt import internals
 
 BLOCK = 8       # accumulator vectors per kernel iteration: enough independent FMA chains to hide their latency
 LAUNCHES = 8    # a scheduled kernel's launches (tinygrad's THREAD opt): what `--threads N` shares out; NUM_CPU_THREADS in a build
@@ -81,10 +79,9 @@ def scheduler(ast: UOp, ren):
   def grab(sink: UOp, *_, **__):
     got.append(sink)
     raise _Grabbed
-  real, cg.apply_opts = cg.apply_opts, grab
-  try: cg.full_rewrite_to_sink(ast, ren)
-  except _Grabbed: pass
-  finally: cg.apply_opts = real
+  with internals.wrapped('tinygrad.codegen', 'apply_opts', lambda real: grab):
+    try: cg.full_rewrite_to_sink(ast, ren)
+    except _Grabbed: pass
   k = Scheduler(got[0], ren)
   k.convert_loop_to_global()
   return k
@@ -97,8 +94,6 @@ def scheduled(device: str, width: int) -> Iterator[None]:
   and loads and stores stay scalar for clang's vectorizer (tinygrad's DMC): tinygrad's float4 loads split the 16-wide
   weight vectors clang would otherwise make (a conv 2.3x slower)."""
   from tinygrad import Device
-  from tinygrad.codegen.opt import search
-  from tinygrad.engine import realize
   from tinygrad.engine.worker import terminate_worker_pool
   from tinygrad.renderer.cstyle import ClangRenderer
   if not isinstance(ren := Device[device].renderer, ClangRenderer):
@@ -108,26 +103,28 @@ def scheduled(device: str, width: int) -> Iterator[None]:
   def with_opts(ast: UOp) -> UOp:
     if not any(u.op is Ops.REDUCE for u in ast.toposort()) or not (opts := conv_opts(scheduler(ast, ren), width)): return ast
     return ast.replace(arg=dataclasses.replace(ast.arg, opts_to_apply=tuple(opts)))
-  def lower_and_compile(linear: UOp) -> UOp:
+  def lower_and_compile(real_lower: Callable) -> Callable:
+    return lambda linear: real_lower(with_opts_in(linear))
+  def with_opts_in(linear: UOp) -> UOp:
     subs = {c: c.replace(src=(new, *c.src[1:])) for c in linear.toposort() if c.op is Ops.CALL and (a := c.src[0]).op is Ops.SINK and a.tag is None
             and a.arg.opts_to_apply is None and not a.arg.beam and Device[c.device if isinstance(c.device, str) else c.device[0]].renderer is ren
             and (new := with_opts(a)) is not a}
-    return real_lower(linear.substitute(subs) if subs else linear)
-  def beam_search(s, *args, **kwargs):
-    if (opts := conv_opts(s, width)):
-      s = s.copy()
-      for o in opts: s.apply_opt(o)
-    return real_beam(s, *args, **kwargs)
+    return linear.substitute(subs) if subs else linear
+  def beam_search(real_beam: Callable) -> Callable:
+    def search_from_opts(s, *args, **kwargs):
+      if (opts := conv_opts(s, width)):
+        s = s.copy()
+        for o in opts: s.apply_opt(o)
+      return real_beam(s, *args, **kwargs)
+    return search_from_opts
   def dmc(value: str | None) -> None:   # an environment switch tinygrad reads once per process: compile workers start again
     if value is None: os.environ.pop('DMC', None)
     else: os.environ['DMC'] = value
     getenv.cache_clear()
     terminate_worker_pool()
-  real_lower, real_beam, saved = realize.lower_and_compile, search.beam_search, os.environ.get('DMC')
-  realize.lower_and_compile, search.beam_search = lower_and_compile, beam_search
+  saved = os.environ.get('DMC')
   dmc('1')
   try:
-    with Context(NUM_CPU_THREADS=LAUNCHES): yield
-  finally:
-    realize.lower_and_compile, search.beam_search = real_lower, real_beam
-    dmc(saved)
+    with internals.wrapped('tinygrad.engine.realize', 'lower_and_compile', lower_and_compile), \
+         internals.wrapped('tinygrad.codegen.opt.search', 'beam_search', beam_search), Context(NUM_CPU_THREADS=LAUNCHES): yield
+  finally: dmc(saved)

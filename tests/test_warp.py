@@ -8,6 +8,7 @@ from tinygrad.uop.ops import Ops
 from transformations.model import MODEL_WIDTH, MODEL_HEIGHT, DM_WIDTH, DM_HEIGHT, road_warp_matrix, dm_warp_matrix, MEDMODEL_INTRINSICS
 from modelrt.constants import IMG_QUEUE_LEN, IMG_CHANNELS, IMG_INPUT_SHAPE
 from transformations.camera import camera_config, camera_from_calib, CameraConfig
+from modelrt import internals
 from modelrt.warp import road_warp, dm_warp, road_warp_np, dm_warp_np, update_img_queue, UV_SCALE, PACKED_SHAPE, DM_BORDER_FILL
 from msgq.visionipc.layout import NV12Layout
 
@@ -176,4 +177,4 @@ def test_road_warp_is_one_kernel():
   layout = NV12Layout(640, 400, 640 + 48, (640 + 48) * 400 + 96, (640 + 48) * 600 + 96 + 64)
   jit = TinyJit(lambda f, m: road_warp(f, m, layout))
   for _ in range(3): jit(Tensor(make_frame(layout)).realize(), Tensor(np.eye(3, dtype=np.float32)).realize())
-  assert [si.src[0].op for si in jit.captured._linear.src] == [Ops.PROGRAM]
+  assert [si.src[0].op for si in internals.calls(jit.captured).src] == [Ops.PROGRAM]
