@@ -4,12 +4,15 @@ Road outputs go through transformations.camera's camera_from_calib with the cali
 through transformations.model's dm_warp_matrix: the geometry the daemons and the synthetic scenes use. A camera config
 of a scaled picture (camera_for at the picture's size) gives that picture's pixels."""
 from __future__ import annotations
+import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 import numpy as np
 from transformations.model import DM_HEIGHT, DM_WIDTH, dm_warp_matrix
 from modelrt.constants import X_IDXS
 from transformations.camera import CAM_HEIGHT, CameraConfig, camera_from_calib
 from msgq.visionipc.layout import NV12Layout
+if TYPE_CHECKING: import av
 
 CAR_HALF_WIDTH = 0.9       # m: the path is as wide as a car, the lead box too
 LEAD_HEIGHT = 1.5          # m
@@ -17,12 +20,22 @@ LEAD_MIN_PROB = 0.3        # leads get a box from this probability on
 FACE_BOX = 0.3             # face box side, fraction of the driver model frame's height
 GREEN, YELLOW, RED = (40, 220, 80), (250, 210, 40), (240, 50, 40)
 
+def nv12_frame(buf: np.ndarray, layout: NV12Layout) -> av.VideoFrame:
+  """An NV12 buffer of `layout` as a PyAV frame: over the buffer itself when its planes follow each other (no copy; keep
+  the buffer while the frame lives), else with the planes copied in."""
+  import av
+  l = layout
+  if l.uv_offset == l.stride * l.height:
+    return av.VideoFrame.from_numpy_buffer(buf[:l.stride * l.height * 3 // 2].reshape(-1, l.stride), format='nv12', width=l.width)
+  f, (y, uv) = av.VideoFrame(l.width, l.height, 'nv12'), l.y_uv(buf)
+  for plane, src in zip(f.planes, (y, uv.reshape(l.height // 2, l.width))):
+    np.frombuffer(plane, np.uint8).reshape(-1, plane.line_size)[:src.shape[0], :src.shape[1]] = src
+  return f
+
 def nv12_to_rgb(buf: np.ndarray, layout: NV12Layout, size: tuple[int, int] | None = None) -> np.ndarray:
   """(h, w, 3) uint8 RGB of an NV12 buffer of `layout`, converted by FFmpeg as a decoded video frame would be; scaled
   to size (width, height) in the same pass when given."""
-  import av
-  y, uv = layout.y_uv(buf)
-  f = av.VideoFrame.from_ndarray(np.concatenate([y, uv.reshape(layout.height // 2, layout.width)]), format='nv12')
+  f = nv12_frame(buf, layout)
   if size is None or size == (layout.width, layout.height): return f.to_ndarray(format='rgb24')
   return f.reformat(width=size[0], height=size[1], format='rgb24', interpolation='FAST_BILINEAR').to_ndarray()
 
@@ -37,9 +50,12 @@ def calibration(msg, prev: tuple[tuple, float] | None) -> tuple[tuple, float]:
   rpy = tuple(msg.rpyCalib) if len(msg.rpyCalib) == 3 else (prev or ((0., 0., 0.),))[0]
   return rpy, float(msg.height[0]) if len(msg.height) else CAM_HEIGHT
 
+@functools.lru_cache(maxsize=16)   # a frame projects a dozen lines with one calibration, which changes rarely
+def _camera_from_calib(rpy: tuple[float, ...], cam: CameraConfig) -> np.ndarray: return camera_from_calib(rpy, cam).T
+
 def project(points: np.ndarray, rpy, cam: CameraConfig) -> tuple[np.ndarray, np.ndarray]:
   """Calibrated-frame points (N, 3) -> camera pixels (N, 2) and a mask of the points in front of the camera."""
-  p = np.asarray(points, np.float64) @ camera_from_calib(rpy, cam).T
+  p = np.asarray(points, np.float64) @ _camera_from_calib(tuple(map(float, rpy)), cam)
   ok = p[:, 2] > 1e-3
   uv = p[:, :2] / np.where(ok, p[:, 2], 1.0)[:, None]
   lim = 8 * max(cam.width, cam.height)   # far outside the frame: clamp, so drawing libraries get sane numbers
