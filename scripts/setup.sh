@@ -10,6 +10,7 @@ command -v clang >/dev/null || need+=(clang)            # tinygrad's CPU backend
 python3 -c 'import ensurepip' 2>/dev/null || need+=(python3-venv)
 ldconfig -p 2>/dev/null | grep -q 'libatomic\.so\.1' || need+=(libatomic1)   # msgq's shm transport: compare-and-swap
 command -v g++ >/dev/null || need+=(g++)                # the interop tests build openpilot's msgq (C++)
+[ -x /usr/bin/chromium ] || need+=(chromium)            # the web viewer's test (tests/test_view.py) drives Debian's chromium
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "setup: installing system packages: ${need[*]}"

@@ -30,7 +30,8 @@ EXTRA_OF = {"camerad": ("camera", [["--source", "synthetic:straight", "--frames"
             "modeld-plot": ("tools", [["{tmp}/route"]]),
             "modeld-batch": ("batch", [["{tmp}/route", "--artifacts", "{tmp}/artifacts", "--out", "{tmp}/out"], ["diff", "{tmp}/a", "{tmp}/b"]]),
             "modeld-demo": ("tools", [["--seconds", "1", "--artifacts", "{tmp}/artifacts", "--out", "{tmp}/out"]]),
-            "modeld-fakedevice": ("camera", [["--source", "synthetic:straight", "--frames", "1"]])}
+            "modeld-fakedevice": ("camera", [["--source", "synthetic:straight", "--frames", "1"]]),
+            "modeld-view": ("view", [["{tmp}/route", "--save", "{tmp}/view.rrd"], ["--live", "--web"]])}
 BASE_SCRIPTS = {"modeld", "dmonitoringd", "modeld-compile", "modeld-dump"}
 
 def base_install_run(entry: str, args: list[str]) -> subprocess.CompletedProcess:

@@ -1,0 +1,197 @@
+"""modeld-view against real processes: a small stack (camerad in lockstep on test_tools' 320x200 scene, its stand-in
+model answering from the scene's truth, modeld-record) watched live; its route logged to .rrd and read back with
+rerun's own reader; rerun's web viewer opened in Debian's chromium, driven headless by Playwright, and judged by the
+screenshot's pixels. UPDATE_SCREENSHOT=1 writes that screenshot to docs/view.png, the README's."""
+import io, json, os, re, shutil, signal, socket, subprocess, sys, time, uuid
+from collections import defaultdict
+from pathlib import Path
+import numpy as np
+import pytest
+from PIL import Image
+from camerad.scene import load_scene
+from modelrt.constants import X_IDXS
+from modeld_tools.projection import prob_colour
+from tests.test_tools import BIN, MODEL, SCENE, cleanup_prefix, road_pixel, start, stop
+
+REPO = Path(__file__).resolve().parents[1]
+N_FRAMES = 40
+CHROMIUM = Path('/usr/bin/chromium')
+CHROMIUM_FLAGS = ['--headless', '--no-sandbox', '--use-angle=swiftshader', '--enable-unsafe-swiftshader', '--disable-background-networking',
+                  '--disable-component-update', '--disable-sync', '--no-first-run']
+VIEWPORT = {'width': 1600, 'height': 900}
+
+@pytest.fixture(scope='module')
+def stack(tmp_path_factory):
+  d = tmp_path_factory.mktemp('view')
+  (d / 'scene.json').write_text(json.dumps(dict(SCENE, frames=N_FRAMES)))
+  env = {**os.environ, 'OPENPILOT_PREFIX': f"view{uuid.uuid4().hex[:8]}", 'PYTHONUNBUFFERED': '1'}
+  procs = []
+  try:
+    cam = start([BIN / 'camerad', '--source', f"synthetic:{d / 'scene.json'}", '--cameras', 'road,driver', '--lockstep', '--lockstep-timeout', '30'], env)
+    procs.append(cam)
+    while 'serving' not in (line := cam.stderr.readline()): assert line, cam.communicate()[1]
+    model = start([sys.executable, '-c', MODEL, d / 'scene.json'], env, stdin=subprocess.PIPE)
+    procs.append(model)
+    assert model.stdout.readline().strip() == 'ready', model.stderr.read()
+    rec = start([BIN / 'modeld-record', '--route', d / 'route', '--video', 'road,driver', '--stats-interval', '0'], env)
+    procs.append(rec)
+    live = start([BIN / 'modeld-view', '--live', '--save', d / 'live.rrd'], env)
+    procs.append(live)
+    while not re.search(r"connected to 'camerad': driver, road", line := live.stderr.readline()): assert line, stop(live)
+    time.sleep(1.0)   # the recorder's camera clients too (it says nothing): frames served before them go unrecorded
+    model.stdin.write('go\n')
+    model.stdin.flush()
+    t = time.monotonic()
+    assert cam.wait(60) == 0, cam.communicate()[1]
+    live_out = stop(live)   # SIGINT: it stops and writes the file whole
+    live_s = time.monotonic() - t
+    rec_out = stop(rec)
+    assert rec.returncode == 0, rec_out[1]
+    yield {'dir': d, 'route': d / 'route', 'scene': load_scene(d / 'scene.json'), 'live': (live.returncode, *live_out), 'live_s': live_s}
+  finally:
+    for p in procs: stop(p, signal.SIGKILL)
+    cleanup_prefix(env['OPENPILOT_PREFIX'])
+
+def read_rrd(path: Path) -> dict[str, dict[str, list]]:
+  """{entity: {column: values in frame order}} of a recording's timed rows, read with rerun's own reader."""
+  from rerun.chunk import RrdReader
+  rows = defaultdict(lambda: defaultdict(list))
+  for ch in RrdReader(path).stream().to_chunks():
+    if ch.is_static: continue
+    b = ch.to_record_batch()
+    for name in b.schema.names:
+      if name == 'mono_time': rows[ch.entity_path][name] += b.column(name).cast('int64').to_pylist()
+      elif not name.startswith('rerun.'): rows[ch.entity_path][name] += b.column(name).to_pylist()
+  for cols in rows.values():   # chunks come in any order
+    order = np.argsort(cols['frame'], kind='stable')
+    for k in cols: cols[k] = [cols[k][i] for i in order]
+  return rows
+
+def recorded_ids(route: Path, camera: str) -> list[int]:
+  from oproute import LogReader
+  from oproute.video import EncodeIndex
+  idx = EncodeIndex()
+  for ev in LogReader(route): idx.add(ev)
+  return sorted(idx.frames[camera])
+
+def near_polyline(p, strip) -> float:
+  """Distance from point p to a polyline."""
+  a, b, p = np.asarray(strip[:-1]), np.asarray(strip[1:]), np.asarray(p, float)
+  t = np.clip(((p - a) * (b - a)).sum(1) / np.maximum(((b - a) ** 2).sum(1), 1e-9), 0, 1)[:, None]
+  return float(np.min(np.linalg.norm(a + t * (b - a) - p, axis=1)))
+
+ENTITIES = {'/road/image', '/road/lanes', '/road/edges', '/road/path', '/road/lead', '/driver/image', '/driver/face', '/driver/eyes',
+            '/text/model', '/text/driver', '/timing/execution_ms/modelV2', '/timing/execution_ms/driverStateV2', '/timing/frameDropPerc',
+            '/speed/vEgo', '/speed/lead', '/monitoring/awareness', '/monitoring/driver', '/model/meta'}
+
+def test_route_to_rrd(stack, tmp_path):
+  out = tmp_path / 'route.rrd'
+  r = subprocess.run([BIN / 'modeld-view', stack['route'], '--save', out], capture_output=True, text=True, timeout=60)
+  assert r.returncode == 0, r.stderr
+  assert f"80 pictures (road 40, driver 40), {N_FRAMES} modelV2, {N_FRAMES} driverStateV2 -> {out}" in r.stdout, r.stdout
+  rows = read_rrd(out)
+  assert ENTITIES <= set(rows), ENTITIES - set(rows)
+  for cam in ('road', 'driver'):   # one picture per recorded frame, a JPEG of the stream's size (320 wide: never upscaled)
+    img = rows[f'/{cam}/image']
+    assert img['frame'] == recorded_ids(stack['route'], cam) == list(range(N_FRAMES))
+    assert Image.open(io.BytesIO(bytes(img['EncodedImage:blob'][0][0]))).size == (320, 200)
+  sc, lanes, leads = stack['scene'], rows['/road/lanes'], rows['/road/lead']
+  for i, fid in enumerate(lanes['frame'][::9]):   # a few frames: each lane line where the truth puts it, at 8 to 60 m
+    strips, colours = lanes['LineStrips2D:strips'][i * 9], lanes['LineStrips2D:colors'][i * 9]
+    truth = sc.truth(fid)['road']['lane_lines']
+    assert len(strips) == 4
+    for line, strip in zip(truth, strips):
+      for x in (8., 20., 60.):
+        u, v = road_pixel(sc, x, float(np.interp(x, X_IDXS, line['y'])))
+        assert near_polyline((u, v), strip) < 1.0, (fid, x, (u, v))
+    assert colours[1] >> 8 == int.from_bytes(bytes(prob_colour(0.95)), 'big')   # shaded by its probability
+    (cx, cy), (hw, hh) = leads['Boxes2D:centers'][i * 9][0], leads['Boxes2D:half_sizes'][i * 9][0]
+    u, v = road_pixel(sc, sc.truth(fid)['lead']['x'], sc.truth(fid)['lead']['y'])
+    assert abs(u - cx) < hw and cy - hh < v <= cy + hh + 1, (fid, (u, v), (cx, cy, hw, hh))   # the lead's box stands on its road point
+    assert re.fullmatch(r"\d+ m  0\.90", leads['Boxes2D:labels'][i * 9][0])
+  faces = rows['/driver/face']
+  for fid, (cx, cy), (hw, hh) in zip(faces['frame'], *(np.array(faces[k])[:, 0] for k in ('Boxes2D:centers', 'Boxes2D:half_sizes'))):
+    u, v = sc.truth(fid)['driver']['face']['camera_px']
+    assert abs(u - cx) < hw and abs(v - cy) < hh, fid
+  # the route's own timeline: each picture at its frame's end of exposure, counted from the route's first event
+  from oproute import LogReader
+  evs = list(LogReader(stack['route']))
+  t0, eof = min(e.logMonoTime for e in evs), {e.roadEncodeIdx.frameId: e.roadEncodeIdx.timestampEof for e in evs if e.which() == 'roadEncodeIdx'}
+  assert np.abs(np.array(rows['/road/image']['mono_time']) - [eof[f] - t0 for f in rows['/road/image']['frame']]).max() < 1000
+
+def test_live(stack):
+  rc, out, err = stack['live']
+  assert rc == 0, err
+  m = re.search(r"(\d+) pictures \(road (\d+), driver (\d+)\), (\d+) modelV2, (\d+) driverStateV2", out)
+  assert m, out
+  rows = read_rrd(stack['dir'] / 'live.rrd')
+  assert ENTITIES <= set(rows), ENTITIES - set(rows)
+  # a conflating client: it may skip frames, never repeats one; the outputs all come (messages are not conflated)
+  for cam in ('road', 'driver'):
+    ids = rows[f'/{cam}/image']['frame']
+    assert len(ids) == len(set(ids)) >= N_FRAMES // 2 and set(ids) <= set(range(N_FRAMES)), ids
+  assert int(m.group(4)) == int(m.group(5)) == N_FRAMES and rows['/road/lanes']['frame'] == list(range(N_FRAMES))
+  print(f"live: {m.group(0)} in {stack['live_s']:.1f} s")
+
+def only_loopback(port: int) -> bool:
+  """Nothing answers on 127.0.0.2 (a server on 0.0.0.0 would), something on 127.0.0.1."""
+  with socket.socket() as s:
+    s.settimeout(1)
+    if s.connect_ex(('127.0.0.2', port)) == 0: return False
+  with socket.create_connection(('127.0.0.1', port), timeout=1): return True
+
+def test_web_viewer_in_chromium(stack, tmp_path):
+  assert CHROMIUM.is_file(), f"{CHROMIUM} is missing: this test needs Debian's package chromium (apt-get install chromium; make setup installs it)"
+  from playwright.sync_api import sync_playwright
+  view = start([BIN / 'modeld-view', stack['route'], '--web', '--port', '0', '--web-port', '0'], None)
+  try:
+    lines = []
+    while 'serving until Ctrl-C' not in (line := view.stdout.readline()):
+      assert line, stop(view)
+      lines.append(line)
+    url = re.search(r"web viewer: (http://\S+)", ''.join(lines)).group(1)
+    ports = [int(p) for p in re.findall(r"(?:%3A|:)(\d+)", url)]
+    assert len(ports) == 2 and all(map(only_loopback, ports)), url
+    # what the pixels must show: the scene's sky (the camera picture) and the ego lane lines' colour (the overlay)
+    sky = first_picture(stack['route'])[:20].reshape(-1, 3).mean(0)
+    lane = np.array(prob_colour(0.95))
+    with sync_playwright() as pw:
+      browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS)
+      page = browser.new_page(viewport=VIEWPORT)
+      page.goto(url)
+      deadline, shot = time.monotonic() + 45, tmp_path / 'view.png'
+      while True:
+        page.screenshot(path=shot)
+        px = np.asarray(Image.open(shot).convert('RGB')).astype(int)
+        road = px[:int(VIEWPORT['height'] * 0.6), :VIEWPORT['width'] // 2]   # the road camera's view: top left
+        n_sky = int((np.abs(road - sky).max(-1) < 12).sum())
+        n_lane = int((np.abs(road - lane).max(-1) < 30).sum())
+        if n_sky > 0.1 * road.shape[0] * road.shape[1] and n_lane > 2000 or time.monotonic() > deadline: break
+        time.sleep(1.0)   # each screenshot makes the page render once more, in software
+      browser.close()
+    print(f"sky {n_sky} lane {n_lane} of {road.shape[0] * road.shape[1]}")
+    assert n_sky > 0.1 * road.shape[0] * road.shape[1], f"the camera picture: {n_sky} sky pixels in the road view ({shot})"
+    assert n_lane > 2000, f"the overlay: {n_lane} pixels of the lane lines' colour in the road view ({shot})"
+    if os.environ.get('UPDATE_SCREENSHOT'): shutil.copy(shot, REPO / 'docs' / 'view.png')
+  finally:
+    stop(view)
+  assert view.returncode == 0 and not any(map(listening_on, ports)), "the web server stops with modeld-view"
+
+def listening_on(port: int) -> bool:
+  with socket.socket() as s: return s.connect_ex(('127.0.0.1', port)) == 0
+
+def first_picture(route: Path) -> np.ndarray:
+  """The route's first road frame, RGB."""
+  import av
+  with av.open(str(next(route.glob('*--0')) / 'fcamera.hevc')) as c: return next(c.decode(video=0)).to_ndarray(format='rgb24').astype(int)
+
+def test_errors(stack, tmp_path, monkeypatch, capsys):
+  from modeld_tools.view import main
+  monkeypatch.delenv('DISPLAY', raising=False)
+  monkeypatch.delenv('WAYLAND_DISPLAY', raising=False)
+  for argv, code, says in (([str(stack['route'])], 1, 'no display (DISPLAY and WAYLAND_DISPLAY are unset)'), ([str(stack['route']), '--live'], 2, 'not both'),
+                           ([str(tmp_path / 'nope'), '--save', str(tmp_path / 'x.rrd')], 2, 'nope'), (['--live', '--quality', '101'], 2, 'got 101')):
+    with pytest.raises(SystemExit) as e: main(argv)
+    got = (1, e.value.code) if isinstance(e.value.code, str) else (e.value.code, capsys.readouterr().err)   # exit 1 with a message, or a usage error
+    assert got[0] == code and says in got[1], (argv, got)
+  assert not (tmp_path / 'x.rrd').exists()
