@@ -48,7 +48,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                epilog="""examples:
   modeld-demo                              the default scene until Ctrl-C
   modeld-demo --scene lead_braking --seconds 20
-  modeld-demo --seconds 10 --no-overlay    a quick check that everything runs""")
+  modeld-demo --seconds 10 --no-overlay    a quick check that everything runs
+  modeld-demo --view                       with modeld-view beside it (rerun: camera pictures, projected outputs, time series)""")
   ap.add_argument('--scene', default='demo', help="synthetic scene: 'demo' (the default, built in), a shipped scene name "
                   "(straight, curve, lead_braking, lane_change, driver_distracted, driver_blinking) or a scene file; it loops")
   ap.add_argument('--seconds', type=float, metavar='N', help="stop N seconds after the first outputs (default: run until Ctrl-C)")
@@ -58,6 +59,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
   ap.add_argument('--fps', type=float, metavar='F', help="camera rate (default: the scene's, 20); lower it when "
                   "the machine cannot run the models that often: a dropped frame makes the next one prepare-only")
   ap.add_argument('--no-overlay', action='store_true', help="do not render the overlay MP4 at the end")
+  ap.add_argument('--view', action='store_true', help="watch the stack in modeld-view (pip install 'tinymodeld[view]'): rerun's "
+                  "native viewer where there is a display, else its web viewer on 127.0.0.1, whose URL is shown")
   args = ap.parse_args(argv)
   if args.seconds is not None and args.seconds <= 0: ap.error(f"--seconds: expected > 0, got {args.seconds}")
   if args.fps is not None and not 0 < args.fps <= 100: ap.error(f"--fps: expected 0 < F <= 100, got {args.fps}")
@@ -192,13 +195,14 @@ class Monitor:
 def _f(x: float, fmt: str = '.2f') -> str: return '  -  ' if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
 def _yes(b) -> str: return 'yes' if b else 'no'
 
-def view(mon: Monitor, children: list[Child], now: float, t0: float, seconds: float | None, prefix: str) -> list[str]:
+def view(mon: Monitor, children: list[Child], now: float, t0: float, seconds: float | None, prefix: str, viewer: str = '') -> list[str]:
   """The live view as lines of text."""
   rate = lambda s: f"{mon.rates[s].hz(now):4.1f}/s"
   run = f"{now - mon.first_output:5.1f} s" if mon.first_output else f"starting ({now - t0:.0f} s)"
   out = [f"modeld-demo  scene {mon.scene.name} ({mon.scene.n_frames} frames, looping)  {run}"
          f"{f' of {seconds:g} s' if seconds and mon.first_output else ''}  prefix {prefix}   Ctrl-C stops",
          "processes  " + '  '.join(f"{c.name} {'running' if c.alive() else f'EXITED {c.proc.returncode}'}" for c in children),
+         *([f"viewer     {viewer}"] if viewer else []),
          f"rates      camera {rate('roadCameraState')}  modelV2 {rate('modelV2')}  driverStateV2 {rate('driverStateV2')}  "
          f"driverMonitoringState {rate('driverMonitoringState')}", ""]
   r = mon.road
@@ -311,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
   args = parse_args(argv)
   with needs_extra('modeld-demo', 'tools'):   # before anything is built or written: the stack it starts needs them
     import camerad.main, modeld_tools.record, modeld_tools.overlay  # noqa: F401
+  if args.view:
+    with needs_extra('modeld-demo', 'view'): from modeld_tools.view import GRPC_PORT, WEB_PORT, web_url
   from camerad.scene import load_scene, parse_scene, SceneError
   try: scene = parse_scene(DEMO_SCENE, 'demo') if args.scene == 'demo' else load_scene(args.scene)
   except (OSError, SceneError) as e:
@@ -342,8 +348,14 @@ def main(argv: list[str] | None = None) -> int:
                 Child('modeld', 'modeld', ['--artifacts', args.artifacts], env, logdir),
                 Child('dmonitoringd', 'dmonitoringd', ['--artifacts', args.artifacts], env, logdir),
                 Child('record', 'modeld_tools.record', ['--route', str(route)], env, logdir)]
+    viewer = ''
+    if args.view:   # stopped with the recorder; the native viewer it opens stays open
+      web = not (os.environ.get('DISPLAY') or os.environ.get('WAYLAND_DISPLAY'))
+      children.append(Child('view', 'modeld_tools.view', ['--live', *(['--web'] if web else [])], env, logdir))
+      viewer = web_url(GRPC_PORT, WEB_PORT) if web else "rerun's native viewer"
     print(f"modeld-demo: started {', '.join(f'{c.name} (pid {c.proc.pid})' for c in children)} with OPENPILOT_PREFIX={prefix}; "
-          f"logs in {logdir}; {f'stops after {args.seconds:g} s of outputs or on Ctrl-C' if args.seconds else 'Ctrl-C stops'}", flush=True)
+          f"logs in {logdir}; {f'stops after {args.seconds:g} s of outputs or on Ctrl-C' if args.seconds else 'Ctrl-C stops'}"
+          f"{f'; viewer: {viewer}' if viewer else ''}", flush=True)
     if tty: sys.stdout.write('\x1b[?25l')   # hide the cursor while redrawing
     next_draw = 0.
     while not stop:
@@ -361,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         break
       if args.seconds is not None and mon.first_output is not None and now - mon.first_output >= args.seconds: break
       if now >= next_draw:
-        if tty: sys.stdout.write('\x1b[H\x1b[J' + '\n'.join(view(mon, children, now, t0, args.seconds, prefix)) + '\n')
+        if tty: sys.stdout.write('\x1b[H\x1b[J' + '\n'.join(view(mon, children, now, t0, args.seconds, prefix, viewer)) + '\n')
         else: print(line(mon, now))
         sys.stdout.flush()
         next_draw = now + (0.25 if tty else 2.)
