@@ -1,8 +1,6 @@
 #!/usr/bin/env python3
-"""Accuracy of the reference models over the shipped synthetic scenes, run as the daemons run them without their
-processes (tests/evaluate.py: render -> RoadRunner / DMRunner on the daemons' artifact -> parse). Prints per-quantity
-errors (mean, p95, max) next to the target the tests hold, the median time of a runner's frame, and last the worst
-relative error (error / target; <= 1 meets every target).
+"""Accuracy of the reference models over the shipped synthetic scenes, run as the daemons run them (tests/evaluate.py),
+against the targets the tests hold; HELP says what it prints, docs/REFERENCE_MODELS.md has the figures.
 
   DEV=CPU python bench/accuracy.py [--frames N]
 """
@@ -14,6 +12,14 @@ from modelrt.constants import X_IDXS, T_IDXS, FRAME_SKIP
 from modelrt.contracts import ROAD_V0_11_1
 from dmonitoringd.policy import face_pose
 from tests.evaluate import run_road, run_dm
+
+HELP = """Accuracy of the reference models over the shipped synthetic scenes, run as the daemons run them without their
+processes (tests/evaluate.py: render -> RoadRunner / DMRunner on the daemons' artifact -> parse). Prints per-quantity
+errors (mean, p95, max) next to the target the tests hold, the median time of a runner's frame, and last the worst
+relative error (error / target; <= 1 meets every target).
+
+  DEV=CPU python bench/accuracy.py [--frames N]
+"""
 
 NEAR = (X_IDXS >= 10) & (X_IDXS <= 50)
 PLAN = ROAD_V0_11_1.plan
@@ -79,7 +85,7 @@ def dm_errors(rs: list[dict]) -> dict[str, tuple[np.ndarray, float, str]]:
   return {k: (np.array(v), *targets[k]) for k, v in e.items()}
 
 def main() -> int:
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = argparse.ArgumentParser(description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument('--frames', type=int, default=0, help="frames per scene (default: the whole scene)")
   args = ap.parse_args()
   worst, times = (0.0, ''), {'road': [], 'driver': []}

@@ -1,9 +1,6 @@
 #!/usr/bin/env python3
-"""Live from a (fake) comma device: modeld-fakedevice sends the demo scene's three cameras, 1928x1208 HEVC at 20 Hz, on
-the bridge's ports of loopback; camerad --source bridge decodes and serves them; modeld and dmonitoringd answer. Prints
-camerad's decode time per frame and frame age when served (the device's EOF to the buffer published), and the frame
-age at modelV2's and driverStateV2's arrival here, from the frame's timestampEof (the fake device's clock is this
-machine's: a real device's differs, and camerad corrects for it from the fastest frame to arrive).
+"""Live from a (fake) comma device: modeld-fakedevice's HEVC cameras through camerad --source bridge to modeld and
+dmonitoringd, on loopback; prints decode time and frame ages (HELP). docs/CAMERAD.md has the figures.
 
 usage: bench/bridge.py [--seconds 30]
 """
@@ -14,6 +11,12 @@ os.environ.setdefault("DEV", "CPU")
 os.environ["OPENPILOT_PREFIX"] = f"bench{uuid.uuid4().hex[:8]}"
 import numpy as np
 
+HELP = """Live from a (fake) comma device: modeld-fakedevice sends the demo scene's three cameras, 1928x1208 HEVC at 20 Hz, on
+the bridge's ports of loopback; camerad --source bridge decodes and serves them; modeld and dmonitoringd answer. Prints
+camerad's decode time per frame and frame age when served (the device's EOF to the buffer published), and the frame
+age at modelV2's and driverStateV2's arrival here, from the frame's timestampEof (the fake device's clock is this
+machine's: a real device's differs, and camerad corrects for it from the fastest frame to arrive)."""
+
 def spawn(*argv: str) -> tuple[subprocess.Popen, object]:
   log = tempfile.TemporaryFile("w+")   # a file, not a pipe: nothing blocks on it
   return subprocess.Popen([sys.executable, "-m", *argv], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PARALLEL": "0"}), log
@@ -23,7 +26,7 @@ def text(log) -> str:
   return log.read()
 
 def main() -> int:
-  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap = argparse.ArgumentParser(description=HELP)
   ap.add_argument("--seconds", type=float, default=30., help="measured seconds (default 30; camerad prints its stats every 10)")
   args = ap.parse_args()
   from cereal import messaging

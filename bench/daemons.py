@@ -1,30 +1,9 @@
 #!/usr/bin/env python3
 """Daemon benchmark: modeld and dmonitoringd as real processes on 20 Hz camera streams.
 
-This process is the camera (VisionIPC road, wide road and driver streams, with their camera-state messages) and the
-subscriber (modelV2, driverStateV2). Latency is from the publish of the last camera frame a daemon needs (the buffer
-filled, its index sent) to its message's arrival here.
-
-1. Overhead, each daemon alone (--ratio-seconds): blocks of 2 s of frames to the daemon alternate with blocks of 2 s of
-   bare replays of the same artifact in this process (RoadRunner/DMRunner.run: guard checks, warps, models, copy-out),
-   both paced at 20 Hz, the camera sending only the daemon's streams. Alternating blocks share whatever else the
-   machine is doing, and both sides idle between frames alike. The first two frames of every block are left out (they
-   follow a 2 s pause). The ratio of the two p50s is the daemon's overhead (target <= 1.10), printed last.
-2. Both daemons together on all three streams (--seconds): the same latencies, frameDropPerc at 20 Hz, each daemon's
-   CPU, and its RSS with the private part (RssAnon) at each quarter of the run. It must not grow: the private part
-   rises by under 1 MiB in the first two minutes (allocator warm-up) and then stays flat (to 8 KiB over 8 minutes
-   in a 10-minute run here); run with --seconds 600 to see it.
-3. The whole stack (--stack-seconds; --whole-stack runs only this): what `make demo` runs, as real processes: camerad
-   rendering the demo's scene (road, wide road, driver at 20 Hz), modeld, dmonitoringd and modeld-record. No camera
-   here: latency is from the frame's end of exposure (its timestampEof, stamped by camerad once the buffer is
-   filled) to the output's arrival; frameDropPerc as modeld publishes it; camera frames without an output; each
-   process's CPU. The stack keeps up when frameDropPerc stays 0 and no frame goes without an output. It runs on 2 of
-   the machine's cores (--stack-cores), as the target says.
-
-Everything is measured in this run on this machine; run it alone (the daemons share the cores).
-
-usage: bench/daemons.py [--seconds 60] [--ratio-seconds 20] [--stack-seconds 60] [--whole-stack] [--stack-cores 2] [--models reference|tiny] [--camera LAYOUT]
-"""
+Three parts: each daemon's overhead over a bare replay, both daemons on all three streams, and the whole stack of `make demo`;
+docs/PERFORMANCE.md says how each is measured. Run it alone (the daemons share the cores).
+usage: bench/daemons.py [--seconds 60] [--ratio-seconds 20] [--stack-seconds 60] [--whole-stack] [--stack-cores 2] [--models M] [--camera LAYOUT]"""
 import argparse, os, pathlib, signal, subprocess, sys, tempfile, threading, time, uuid
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]

@@ -1,17 +1,9 @@
 #!/usr/bin/env python3
 """LogReader benchmark: iterating a log of many small events, against the bare parse openpilot's LogReader does.
 
-Writes one rlog.zst of EVENTS events (carState, roadCameraState, liveCalibration, modelV2 in turn, as the recorder
-writes them: zstd frames, closed as one frame), then measures in one run, as CPU time of this process (best of
---repeat, so other processes on the machine count less):
-- ours: `for ev in LogReader(path)`: decompressing, framing, every message walked under its traversal limit, a reader
-  of each message's own bytes;
-- baseline: the same file decompressed in one call and read by pycapnp's read_multiple_bytes, no check (what
-  openpilot's LogReader does; a malformed message there fails in the consumer, or reads as garbage).
-Both touch every event (`which()`). The last line is ours/baseline.
-
-usage: bench/logreader.py [--events 50000] [--repeat 5]
-"""
+Both sides read one rlog.zst of EVENTS events and touch every event; CPU time of this process, best of --repeat.
+The last line is ours/baseline; docs/PERFORMANCE.md says what each side does.
+usage: bench/logreader.py [--events 50000] [--repeat 5]"""
 import argparse, pathlib, sys, tempfile, time
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))

@@ -1,11 +1,8 @@
 #!/usr/bin/env python3
 """msgq on its two transports (shm, zmq) against openpilot's own C++ msgq through its Python binding (when
-OPENPILOT_MSGQ_SRC names its source: built as the tests build it), publisher and subscriber in separate processes.
-Latency: the publisher puts CLOCK_MONOTONIC in each message right before send(), the subscriber (Poller.poll, then
-receive) subtracts it on arrival; paced sends, in rounds that take turns between the implementations, so machine noise
-hits all alike. Throughput: a burst as fast as the publisher sends (send rate) and what the subscriber got of it from the
-first send to its last arrival (delivered rate; every queue here drops what does not fit). Prints every figure, then
-the ratios the targets are about."""
+OPENPILOT_MSGQ_SRC names its source), publisher and subscriber in separate processes: latency of paced sends and what
+a burst delivers, in rounds that take turns between the implementations. Prints every figure, then the ratios the
+targets are about; docs/PERFORMANCE.md says how each is measured."""
 import json, os, queue, subprocess, sys, threading, time
 import numpy as np
 

@@ -1,16 +1,9 @@
 #!/usr/bin/env python3
 """Route replay benchmark: an openpilot route through camerad --lockstep and both daemons, against bare model replays.
 
-Writes a route of the shipped synthetic scene (road, wide road and driver at 1928x1208, HEVC, with its camera states,
-EncodeIdx, carState and liveCalibration events) with the project's route writer, builds the reference artifact for its
-buffers, then measures in one run:
-- bare replays in this process: RoadRunner.run and DMRunner.run on host buffers (guard, warps, models, copy-out);
-- the lockstep replay: `camerad --source ROUTE --lockstep` with modeld and dmonitoringd as real processes, frames/s
-  from camerad's own count (HEVC decoding, buffer fills, messages, both daemons, the lockstep round trip).
-The last line is the lockstep rate over the slower bare replay's rate (1.0: replay costs nothing beyond the models).
-
-usage: bench/replay.py [--frames 200] [--scene straight]
-"""
+On a route of a shipped synthetic scene (1928x1208 HEVC); the last line is the lockstep rate over the slower bare
+replay's rate (1.0: replay costs nothing beyond the models). docs/PERFORMANCE.md says what each side covers.
+usage: bench/replay.py [--frames 200] [--scene straight]"""
 import argparse, os, pathlib, re, subprocess, sys, tempfile, time, uuid
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]

@@ -1,22 +1,9 @@
 #!/usr/bin/env python3
-"""Model runtime benchmark, in three parts; ratios only compare numbers measured in this run on this machine.
+"""Model runtime benchmark, in four parts; ratios only compare numbers measured in this run on this machine.
 
-1. The small test models (tests/onnx_models.py, dense: the release's I/O, a few MB of weights) in an artifact for a
-   1928x1208 camera: artifact load, first frame, steady frame, guard overhead, tinygrad/onnxruntime.
-2. Warps and reference models at 1928x1208 (the artifact the daemons and the demo use, modeld-compile --reference):
-   each JIT's guarded replay (modelrt.replay.Replay) against tinygrad's own replay of the same JIT, interleaved,
-   and against the targets: both road warps < 2.2 ms together, the reference vision model < 4 ms.
-3. Real-size models, built here with onnx and random weights (no download): a convolutional vision network with
-   the release's vision I/O (img, big_img uint8 (1, 12, 128, 256) in, one (1, 1576) vector with its output_slices
-   out) of 27 M parameters and 2.1 GFLOP a frame, and a driver-monitoring network of 7.4 M parameters and 1 GFLOP.
-   Each is built with tinygrad's own schedule, with modeld-compile's defaults, and with the defaults and --beam (the
-   artifacts and tinygrad's search results are cached per machine), then replayed interleaved with the defaults on 2
-   threads and onnxruntime on 1 and 2; the ratios against the targets, the outputs against onnxruntime's, and a
-   per-kernel profile with each kernel's fraction of one core's FMA peak (measured with an FMA loop).
-4. A default modeld-compile --reference build with an empty compile cache (target < 60 s).
-
-usage: bench/runtime.py [--beam 2] [--parts small,reference,realsize,build]
-"""
+1. the small test models in a 1928x1208 artifact; 2. warps and reference models against their targets; 3. real-size
+models (onnx, random weights) against onnxruntime, with a per-kernel profile; 4. a --reference build. docs/PERFORMANCE.md.
+usage: bench/runtime.py [--beam 2] [--parts small,reference,realsize,build]"""
 import argparse, os, pathlib, subprocess, sys, tempfile, time
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]

@@ -1,13 +1,9 @@
 #!/usr/bin/env python3
 """VisionIPC benchmark: 1928x1208 NV12 frames from a producer process to a consumer process at full speed.
 
-Three transports, measured in this run: VisionIPC's zero-copy producer path (get_free_buffer, fill in place, publish),
-VisionIPC send() (one copy into the ring), and the baseline: the frame bytes through a msgq pub/sub socket.
-Every producer does the same frame work, one full-frame write into the memory it sends from (as a decoder would).
-Latency is publish (send) -> the consumer holding a usable frame, on CLOCK_MONOTONIC shared by both processes.
-Bytes through the socket per frame are counted on the consumer side: the baseline's messages, and for VisionIPC every
-packet on the stream's topic as a second subscriber sees it. The last line is ours/baseline.
-"""
+Three transports, each producer writing the whole frame once: VisionIPC's zero-copy path, VisionIPC send() (one copy),
+and the frame bytes through a msgq pub/sub socket; latency is publish -> usable frame (CLOCK_MONOTONIC), plus the bytes
+through the socket per frame. The last line is ours/baseline; docs/VISIONIPC.md has the figures."""
 import multiprocessing as mp, os, pathlib, sys, time, uuid
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))

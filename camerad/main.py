@@ -1,9 +1,7 @@
 """camerad: serves camera frames into VisionIPC with their camera-state messages.
 
-Each frame is written straight into a free shared buffer (zero-copy producer path), published on its stream, and
-described by a camera-state message (roadCameraState, wideRoadCameraState, driverCameraState) with the same frame
-id and SOF/EOF timestamps (monotonic ns). All streams of one tick share the frame id and timestamps, except in
---lockstep, where each stream's ids are consecutive and a log's frames keep their recorded times (FrameWriter).
+Each frame is written straight into a free shared buffer (zero copy) and published with a camera-state message of the
+same frame id and SOF/EOF timestamps; docs/CAMERAD.md says how ids and times are given (FrameWriter, --lockstep).
 """
 from __future__ import annotations
 import argparse, logging, sys, time

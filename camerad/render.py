@@ -1,13 +1,7 @@
 """Scene renderers: road, wide road and driver camera frames written as NV12 straight into a caller's buffer.
 
-Road and wide: per scene and calibration the renderer computes, once, each pixel's class (sky, haze, ground),
-textured backgrounds and each row's camera ray; per frame it copies a background whose off-road part of each row is
-grass, paints lane lines as per-row spans found by solving the projected line equation for each row (exact,
-antialiased horizontally), draws the lead and applies the lighting. Y is written at full resolution, U and V at half.
-The grass is kept in a private copy of each background between frames and only the pixels whose side of a road
-edge changed are rewritten (a few per row; the road edges move slowly), so a frame costs a copy of the background
-and what moves: a frame depends on its number only, never on the frames rendered before it.
-The projection is transformations.camera.camera_from_calib, nothing else. Radiometry: docs/SCENES.md.
+A frame depends on its number only, never on the frames rendered before it (what is kept between frames only saves
+work). The projection is transformations.camera.camera_from_calib, nothing else. docs/SCENES.md: radiometry, speed.
 """
 from __future__ import annotations
 import json, math

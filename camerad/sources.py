@@ -1,10 +1,7 @@
 """Frame sources for camerad: synthetic scenes, video files, V4L2 devices and openpilot routes.
 
-A source has `streams` ({VisionIPC stream: (width, height)}), `sensor` ({stream: ImageSensor name}), `fps` (its
-nominal rate) and `ticks()`: a finite iterator of Ticks in source order. A tick carries, per stream, a function that
-writes the frame as NV12 into a flat buffer of any layout, plus messages to publish just before the frames.
-Problems a source meets while running (undecodable packets, frames missing from a recording) are counted in
-`skipped` with the reason; problems found while opening are SourceErrors that name the file and what was wrong.
+Each is a Source: its streams, a finite iterator of Ticks that write frames into buffers of any layout, and `skipped`
+(problems met while running, with the reason); problems found while opening are SourceErrors naming the file.
 """
 from __future__ import annotations
 import itertools, os
@@ -52,6 +49,10 @@ class Tick:
   timings: dict[str, float] = field(default_factory=dict)    # the source's own timings of the tick (seconds), for the stats
 
 class Source:
+  """`streams` ({VisionIPC stream: (width, height)}), `sensor` ({stream: ImageSensor name}), `fps` (the nominal rate) and
+  `ticks()`: a finite iterator of Ticks in source order, each carrying per stream a function that writes the frame as
+  NV12 into a flat buffer of any layout, plus messages to publish just before the frames. Problems met while running
+  (undecodable packets, frames missing from a recording) are counted in `skipped` with the reason."""
   streams: dict[int, tuple[int, int]]
   sensor: dict[int, str]
   fps: float

@@ -1,30 +1,8 @@
 """Driver monitoring policy: parsed driver-model outputs (+ carState, selfdriveState, liveCalibration) ->
 driverMonitoringState, following openpilot's monitoring rules (selfdrive/monitoring) step for step, except where said.
 
-- Side: wheelOnRightProb enters a RunningStatFilter (a running mean that skips a sample raising the standard deviation
-  of all samples so far) on frames with a face on either side while driving faster than WHEELPOS_CALIB_MIN_SPEED; with
-  more than WHEELPOS_FILTER_MIN_COUNT samples (15 s) isRHD is its mean above 0.5, before that LHD (openpilot: the side
-  saved on an earlier drive). While engaged the side does not change.
-- Pose: the model's angles are turned into the driver's view of the road: the angle of the face's place in the
-  picture is added (openpilot's pinhole with EFL 598 over a 1928x1208 picture, whatever the sensor), yaw flipped, the
-  calibration's pitch and yaw taken off, and yaw flipped again for a right-hand driver. Confident (isLowStd): the larger
-  of the pitch and yaw stds below POSESTD_THRESHOLD.
-- Distracted (distractedType bits), judged only with a face detected and a confident pose: 1 pose (looking down or
-  sideways beyond the thresholds around the driver's learned natural offsets: before they are learned a fixed pitch
-  threshold of 0.449), 2 eyes (both closed: blink probability weighted by eye visibility, without sunglasses), 4
-  phone (above a fixed threshold, 0.4, 0.75 for the os04c10 camera, until the driver's phone offset is learned).
-  The pose thresholds are openpilot's slack ones, which it uses while the road model's brake-disengage probability is
-  low: modelV2 is not read, as which of two processes answered a frame first would then change the state.
-- Awareness: 1 attentive .. 0 alert (-0.1 at most). Active mode (a face, the model sure of it) decays over
-  DISTRACTED_TIME while distracted, passive mode over AWARENESS_TIME while no face is seen or the pose is unsure for
-  10 s; each mode keeps its own awareness. Attentive (distraction filtered over 0.25 s below 0.37), it recovers,
-  faster the lower it is. It is reset to 1 while openpilot is not engaged (selfdriveState.enabled: a stack or a route
-  without selfdriveState is never engaged), when the driver touches the wheel or the gas in passive mode, or while
-  attentive in active mode. At standstill it stops short of the prompt.
-- Not as openpilot: it steps on every driver frame dmonitoringd runs (openpilot's steps only while all its inputs are
-  alive and valid, else it republishes its last state); openpilot's always-on mode (AlwaysOnDM) is not there; not
-  filled: `events` (openpilot's alerts), phoneProbOffset/phoneProbValidCount (not in this schema).
-"""
+DriverMonitoring's methods give each rule (side, pose, distraction, awareness); docs/REFERENCE_MODELS.md lists where
+it departs from openpilot."""
 from __future__ import annotations
 import math
 from dataclasses import dataclass
@@ -98,6 +76,12 @@ def face_pose(orientation, position, rpy_calib) -> tuple[float, float]:
   return pitch, yaw
 
 class DriverMonitoring:
+  """openpilot's DriverMonitoring, a step per driver frame (update).
+  Side: wheelOnRightProb enters a FilteredMean on frames with a face on either side while faster than
+  WHEELPOS_CALIB_MIN_SPEED; with more than WHEELPOS_FILTER_MIN_COUNT samples isRHD is its mean above WHEELPOS_THRESHOLD,
+  before that LHD (openpilot: the side saved on an earlier drive). While engaged the side does not change.
+  Pose (face_pose): the model's angles as the driver's view of the road, yaw flipped again for a right-hand driver;
+  confident (isLowStd) when the larger of the pitch and yaw stds is below POSESTD_THRESHOLD."""
   def __init__(self, settings: Settings = Settings()):
     self.s = s = settings
     self.wheelpos = FilteredMean()
@@ -159,6 +143,11 @@ class DriverMonitoring:
             'uncertainCount': self.uncertain_count}
 
   def _distracted_types(self, d: dict, pitch: float, yaw: float, phone_thresh: float) -> list[int]:
+    """distractedType bits (counted only with a face and a confident pose): POSE, looking down or sideways beyond the
+    thresholds around the driver's learned natural offsets (before they are learned, PITCH_NATURAL_THRESHOLD); EYES,
+    both closed (blink probability weighted by eye visibility, without sunglasses); PHONE, above phone_thresh until the
+    driver's phone offset is learned. The pose thresholds are openpilot's slack ones, which it uses while modelV2's
+    brake-disengage probability is low: modelV2 is not read, as which daemon answered a frame first would change the state."""
     s, types = self.s, []
     if self.pose_calibrated:
       pitch_err = pitch - float(np.clip(self.pitch_offset.filtered.mean, s.PITCH_MIN_OFFSET, s.PITCH_MAX_OFFSET))
@@ -193,6 +182,11 @@ class DriverMonitoring:
     self.active_mode = active
 
   def _update_awareness(self, engaged: bool, driver_engaged: bool, standstill: bool, face: bool, low_std: bool, distracted: bool) -> None:
+    """Awareness: 1 attentive .. 0 alert (-0.1 at most). It decays over DISTRACTED_TIME while distracted (active mode),
+    over AWARENESS_TIME while no face is seen or the pose is unsure too long (passive). Attentive (distraction filtered
+    over DISTRACTED_FILTER_TS below 0.37), it recovers, faster the lower it is. Reset to 1 while not engaged, when the
+    driver touches the wheel or the gas in passive mode, or while attentive in active mode. At standstill it stops
+    short of the prompt."""
     s = self.s
     if not engaged or (driver_engaged and self.awareness > 0 and not self.active_mode):
       self.awareness = self.awareness_active = self.awareness_passive = 1.

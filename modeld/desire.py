@@ -1,10 +1,6 @@
 """Lane-change state machine (openpilot's DesireHelper): carState blinkers and steering torque -> the model's desire.
 
-off -> preLaneChange on a new single blinker above LANE_CHANGE_SPEED_MIN; -> laneChangeStarting when the driver
-nudges the wheel towards the blinker with no car in that blind spot; -> laneChangeFinishing once the model is 98%
-sure the change is done (lane-change desire probability < 0.02) and the lane lines have faded out; then off (or
-preLaneChange if the blinker is still on). Steering off, the blinker released or LANE_CHANGE_TIME_MAX in a change
-cancels it. The desire index is a one-hot position; the runner turns it into a rising-edge pulse.
+The desire index is a one-hot position; the runner turns it into a rising-edge pulse. DesireHelper gives the states.
 """
 from __future__ import annotations
 from typing import Protocol
@@ -30,6 +26,11 @@ class CarState(Protocol):
   rightBlindspot: bool
 
 class DesireHelper:
+  """off -> preLaneChange on a new single blinker above LANE_CHANGE_SPEED_MIN; -> laneChangeStarting when the driver
+  nudges the wheel towards the blinker with no car in that blind spot; -> laneChangeFinishing once the model is 98%
+  sure the change is done (lane-change desire probability < 0.02) and the lane lines have faded out; then off (or
+  preLaneChange if the blinker is still on). Steering off, the blinker released or LANE_CHANGE_TIME_MAX in a change
+  cancels it."""
   def __init__(self):
     self.lane_change_state = 'off'
     self.lane_change_direction = 'none'

@@ -1,14 +1,8 @@
 """Parsed road model outputs -> modelV2, drivingModelData and cameraOdometry, filled as openpilot fills them for the
 artifact's contract, plus the action read off the plan.
 
-What openpilot v0.11.1 leaves empty stays empty: laneLines/roadEdges t, the stds of velocity, acceleration,
-orientation and orientationRate, temporalPose (those models have no pose-over-time output). Every float written comes
-from finite numbers: the daemon zeroes non-finite model outputs before parsing (and marks the frame invalid); the
-derived values here are computed in float64, so they are finite for finite inputs, and confidence is bounded. The
-action and the path polynomial can still exceed a Float32 field's range on a finite plan near float32's own (a
-Float32 field would then hold inf): fits_float32 tells, and modeld publishes such a frame invalid, with the previous
-action and a zero path, and does not feed it back.
-"""
+What openpilot v0.11.1 leaves empty stays empty, and a frame whose values no Float32 field holds is published invalid
+(fits_float32); docs/REFERENCE_MODELS.md lists both."""
 from __future__ import annotations
 from dataclasses import dataclass, field
 import capnp
@@ -60,7 +54,10 @@ class FrameInfo:
   lane_change_direction: str = 'none'
 
 def fits_float32(*values: float | np.ndarray) -> bool:
-  """Whether every value is finite and within a Float32 message field's range (a larger one would be written as inf)."""
+  """Whether every value is finite and within a Float32 message field's range (a larger one would be written as inf).
+  The derived values are computed in float64 from finite model outputs (the daemon zeroes the others and marks the
+  frame invalid), yet the action and the path polynomial can exceed Float32 on a plan near float32's own limit: modeld
+  then publishes the frame invalid, with the previous action and a zero path, and does not feed it back."""
   return all(bool((np.abs(np.asarray(v, np.float64)) <= FLOAT32_MAX).all()) for v in values)
 
 def smooth_value(val: float, prev: float, tau: float) -> float:

@@ -1,9 +1,6 @@
 """Model outputs of two routes, compared per field: what modeld-replay reports against a route's logged outputs.
 
-An output is taken per frame (modelV2 by its frameId, driverStateV2 by its frameId), optionally mapped to the frame it
-was computed from in another route (frame_map). Fields are flattened float arrays; two frames differ by the largest
-absolute difference of their values (a different number of values, or a NaN on one side only, counts as an infinite
-difference).
+Outputs are taken per frameId (route_outputs), flattened per field and compared by their largest difference (difference).
 """
 from __future__ import annotations
 from dataclasses import dataclass, field
@@ -42,7 +39,8 @@ def _flat(v) -> np.ndarray:
   return np.concatenate(parts) if parts else np.zeros(0)
 
 def route_outputs(route, services=tuple(FIELDS)) -> tuple[dict[str, dict[int, dict[str, np.ndarray]]], dict[str, dict[int, int]]]:
-  """({service: {frameId: {field: values}}}, {camera-state service: {frameId: frameIdSensor}}) of a route's logs."""
+  """({service: {frameId: {field: values}}}, {camera-state service: {frameId: frameIdSensor}}) of a route's logs: an
+  output per frame (modelV2 and driverStateV2 by their frameId), each field a flat float array (_flat)."""
   out: dict = {s: {} for s in services}
   sources: dict = {}
   for ev in LogReader(log_files(route, "a")):

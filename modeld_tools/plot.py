@@ -1,12 +1,7 @@
 """modeld-plot: timing and quality plots of a recorded route, as PNG, SVG or PDF files.
 
-timing      execution time of both models, frameDropPerc, frames skipped between outputs
-lanes       lane line positions at a few distances ahead, and their probabilities
-lead        the lead's distance, speed and probability
-driver      face, eye, blink and phone probabilities of the driver's side, and awareness
-
-Each is one figure of stacked panels (matplotlib) sharing the time axis (seconds from the route's first model output), each
-with its own y scale, grid and legend. A missing value (no lead, NaN) breaks a line.
+Each plot (PLOTS) is one figure of stacked panels (matplotlib) sharing the time axis (seconds from the route's first
+model output), each with its own y scale, grid and legend. A missing value (no lead, NaN) breaks a line.
 """
 from __future__ import annotations
 import argparse, sys
@@ -15,6 +10,11 @@ from pathlib import Path
 import numpy as np
 from service.extras import needs_extra
 from modelrt.constants import X_IDXS
+
+PLOTS = """timing      execution time of both models, frameDropPerc, frames skipped between outputs
+lanes       lane line positions at a few distances ahead, and their probabilities
+lead        the lead's distance, speed and probability
+driver      face, eye, blink and phone probabilities of the driver's side, and awareness"""
 
 LANE_DISTANCES = (10., 30., 60.)   # m ahead where lane positions are plotted
 LANE_NAMES = ('left far', 'left', 'right', 'right far')
@@ -140,7 +140,7 @@ def plots(r: RouteData, out: Path, name: str, fmt: str = 'png') -> list[Path]:
 @needs_extra('modeld-plot', 'tools')   # zstandard for the route, matplotlib for the figures: imported as they are needed
 def main(argv: list[str] | None = None) -> int:
   p = argparse.ArgumentParser(prog='modeld-plot', description='Timing and quality plots of a recorded route, as PNG, SVG or PDF files.',
-                              epilog=__doc__.split('\n\n')[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+                              epilog=PLOTS, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument('route', help='route folder or name, segment folder or rlog/qlog file')
   p.add_argument('--out', help='folder for the figures (default: ROUTE/plots, or plots/ next to a log file)')
   p.add_argument('--format', choices=FORMATS, default='png', help='file format (default: png)')

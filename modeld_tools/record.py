@@ -1,10 +1,7 @@
-"""modeld-record: records services (and optionally the camera streams) into an openpilot route.
+"""modeld-record: records services (and optionally the camera streams) into an openpilot route (format: oproute).
 
-ROUTE/ROUTE--<n>/ segments of --segment-seconds: rlog.zst (every message, initData first), qlog.zst (decimated as the
-services table says), and with --video the cameras as HEVC (fcamera.hevc road, ecamera.hevc wide, dcamera.hevc driver)
-with a roadEncodeIdx / wideRoadEncodeIdx / driverEncodeIdx event per frame in the logs. Format: oproute.
-Crash safety: the logs are flushed as complete zstd frames every --flush-seconds, so a SIGKILL loses at most the last
-moments of the log (and the frames being encoded); closed segments are complete.
+Segments of --segment-seconds: rlog.zst, qlog.zst and, with --video, each camera as HEVC with its EncodeIdx events.
+The logs are flushed as whole zstd frames every --flush-seconds, so a SIGKILL loses at most that; closed segments are complete.
 """
 from __future__ import annotations
 import argparse, errno, logging, queue, sys, threading, time

@@ -1,4 +1,17 @@
 """modeld-replay: a route's frames through the daemons, compared with the outputs the route logged (openpilot's
+model_replay, on this machine): a private stack with camerad --lockstep records a new route, whose modelV2 and
+driverStateV2 are compared with the logged ones, field by field. HELP says more; docs/CAMERAD.md says all.
+"""
+from __future__ import annotations
+import argparse, contextlib, logging, os, re, shutil, signal, subprocess, sys, tempfile, time
+from datetime import datetime
+from pathlib import Path
+from cereal.services import ANSWERS, CAMERA_OF_STREAM, CAMERA_STATE_SERVICES, CAMERAS, STREAM_OF_STATE, answer_streams
+from msgq import remove_stack
+from service.extras import needs_extra
+from modelrt.artifact import ArtifactError, camerad_layouts
+
+HELP = """modeld-replay: a route's frames through the daemons, compared with the outputs the route logged (openpilot's
 model_replay, on this machine).
 
 It starts a private stack (its own OPENPILOT_PREFIX): modeld for a route with road or wide road video, dmonitoringd
@@ -11,14 +24,6 @@ is replayed when camerad serves it: its states, its EncodeIdx events and its vid
 camera's states and index without dcamera.hevc unless RecordFront is on); the outputs that answer only cameras not
 replayed are not compared, and the report says so.
 """
-from __future__ import annotations
-import argparse, contextlib, logging, os, re, shutil, signal, subprocess, sys, tempfile, time
-from datetime import datetime
-from pathlib import Path
-from cereal.services import ANSWERS, CAMERA_OF_STREAM, CAMERA_STATE_SERVICES, CAMERAS, STREAM_OF_STATE, answer_streams
-from msgq import remove_stack
-from service.extras import needs_extra
-from modelrt.artifact import ArtifactError, camerad_layouts
 with needs_extra("modeld-replay", "tools"):   # zstandard and PyAV: the route's logs and video
   from camerad.sources import LogSource, SourceError
   from modeld_tools.compare import FIELDS, FieldDiff, compare, route_outputs, table
@@ -95,7 +100,7 @@ def run_stack(route: list[str], out: Path, artifacts: Path, cameras: list[str], 
       remove_stack()   # the stack's queues, sockets and locks go with it
 
 def main(argv: list[str] | None = None) -> int:
-  ap = argparse.ArgumentParser(prog="modeld-replay", formatter_class=argparse.RawDescriptionHelpFormatter, description=__doc__, epilog="""
+  ap = argparse.ArgumentParser(prog="modeld-replay", formatter_class=argparse.RawDescriptionHelpFormatter, description=HELP, epilog="""
 exit codes: 0 replayed (and, with --tolerance, every field within it and no logged frame missing); 1 past the tolerance,
 nothing to compare with --tolerance, or the replay failed (the failing process's log is printed); 2 bad options.
 example: modeld-replay realdata/2026-11-30--04-00-00--3 --artifacts artifacts --tolerance 1e-3""")

@@ -1,12 +1,8 @@
 """Compiled model artifacts: pickled captured JITs plus a JSON manifest, verified before anything is unpickled.
 
-Layout: DIR/<family>/ (family 'road' or 'dm') holds manifest.json and, per captured JIT, NAME.pkl (program and
-buffer structure) and NAME.bin (buffer contents, out of band, 64-byte aligned), so loading streams the weights into
-the device buffers instead of holding a second copy of them in the pickle stream.
-
 ARTIFACTS ARE CODE: unpickling runs code. Load only artifacts you built (modeld-compile) or trust. The hashes catch
 corruption, truncation and mismatched builds; they are no defence against someone who can rewrite the manifest too.
-"""
+Format and checks: docs/RUNTIME.md."""
 from __future__ import annotations
 import dataclasses, hashlib, importlib.metadata, io, json, os, pathlib, pickle, platform, shlex, shutil
 from dataclasses import MISSING

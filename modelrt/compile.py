@@ -1,11 +1,7 @@
 """modeld-compile: capture, validate and save model artifacts ahead of time, so the daemons only load and replay.
 
-Per family (road: vision + policy, dm: driver monitoring) it first identifies the I/O contract the models follow
-from their own metadata (inputs, output width, output_slices; see modelrt.contracts) and refuses models that follow
-none, naming every mismatch. Then it captures one warp JIT per camera buffer layout and one JIT per model, checks
-each one (the three JIT stages run, replays match an eager run, every input changes the output, the pickle reloads
-and replays bit-identically) and only then writes DIR/<family>/ atomically. A build is addressed by the hash of its
-sources, contract, options, layouts and tinygrad/target versions: an unchanged build is skipped.
+Per family it identifies the models' I/O contract, captures and checks every JIT, then writes DIR/<family>/ atomically;
+an unchanged build is skipped. HELP says each step, docs/RUNTIME.md the format.
 """
 from __future__ import annotations
 import argparse, contextlib, hashlib, json, os, pathlib, signal, sys, time
@@ -24,6 +20,16 @@ from modelrt.runner import IMG_QUEUE_SHAPE, aligned_empty, host_tensor, zero_ten
 from modelrt import artifact, internals
 from modelrt.artifact import save_jit, load_verified, write_artifact, load_artifact, ArtifactError, warp_name, FORMAT_VERSION
 from modelrt.schedule import scheduled, vector_width
+
+HELP = """modeld-compile: capture, validate and save model artifacts ahead of time, so the daemons only load and replay.
+
+Per family (road: vision + policy, dm: driver monitoring) it first identifies the I/O contract the models follow
+from their own metadata (inputs, output width, output_slices; see modelrt.contracts) and refuses models that follow
+none, naming every mismatch. Then it captures one warp JIT per camera buffer layout and one JIT per model, checks
+each one (the three JIT stages run, replays match an eager run, every input changes the output, the pickle reloads
+and replays bit-identically) and only then writes DIR/<family>/ atomically. A build is addressed by the hash of its
+sources, contract, options, layouts and tinygrad/target versions: an unchanged build is skipped.
+"""
 
 class ValidationError(RuntimeError):
   """A captured JIT failed a check; nothing was written."""
@@ -247,7 +253,7 @@ def beam_progress(family: str, beam: int, kernels: int) -> Iterator[None]:
     with internals.wrapped('tinygrad.codegen.opt.search', 'beam_search', counting): yield
 
 def main(argv: list[str] | None = None) -> int:
-  ap = argparse.ArgumentParser(prog='modeld-compile', formatter_class=argparse.RawDescriptionHelpFormatter, description=__doc__, epilog="""
+  ap = argparse.ArgumentParser(prog='modeld-compile', formatter_class=argparse.RawDescriptionHelpFormatter, description=HELP, epilog="""
 examples:
   modeld-compile --reference --camera 1928x1208:aligned --out artifacts
   modeld-compile --vision-onnx driving_vision.onnx --policy-onnx driving_policy.onnx --camera 1928x1208:2048:2490368:3735552 --out artifacts

@@ -1,11 +1,7 @@
 """The model I/O contracts this project runs, as data: one entry per openpilot release whose models it supports.
 
-A contract says, for each model of a family (road: vision + policy; dm: driver monitoring), which inputs it takes
-(name, shape, dtype), which output heads it returns (name, width, how to parse them) and where things sit inside the
-heads (which meta entry is which prediction, which plan columns are which quantity), plus the few numbers the
-messages are filled with that changed between releases. modeld-compile identifies the contract of the models it
-builds from their own metadata (graph inputs, output width, `output_slices`), refuses models that follow none with
-every mismatch named, and records the contract's name in the artifact; the daemons parse and fill with it.
+A contract names each model's inputs, output heads and the index maps inside them, plus the release's fill numbers;
+modeld-compile identifies it from the models' own metadata and records its name in the artifact (docs/RUNTIME.md).
 """
 from __future__ import annotations
 import math

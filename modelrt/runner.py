@@ -1,9 +1,7 @@
 """What the daemons run every frame: camera buffers in, numpy outputs out, through guarded JITs loaded from an artifact.
 
-RoadRunner (modeld): two warp JITs (road -> `img`, wide -> `big_img`; one camera: both on the same buffer), the vision
-JIT, the host-side frame history the policy reads (shaped by the artifact's contract), the policy JIT. DMRunner
-(dmonitoringd): driver warp + DM model.
-Camera buffers are CameraBuffers: VisionIPC's VisionBuf, or a HostBuf.
+RoadRunner (modeld): road and wide warps, vision, the frame history, policy; DMRunner (dmonitoringd): driver warp + DM
+model. Camera buffers are CameraBuffers: VisionIPC's VisionBuf, or a HostBuf.
 """
 from __future__ import annotations
 import os
@@ -65,7 +63,7 @@ def _output(*vectors: tuple[np.ndarray, dict[str, slice]]) -> ModelOutput:
 
 class RoadRunner:
   """Road model (vision + policy) with its frame history. `run` returns a ModelOutput (raw: the vision then the policy
-  vector).
+  vector). Two warp JITs: road -> `img`, wide -> `big_img` (one camera: both on the same buffer).
 
   History, as openpilot keeps it: the image queues (in the warp JITs) advance every frame; the hidden states queue
   (HISTORY - 1) * FRAME_SKIP + 1 deep, appended after the vision run, and the policy sees every FRAME_SKIP-th, newest

@@ -2,19 +2,7 @@
 
 The 3x3 transform (model pixel -> camera pixel, see transformations.model) is a Tensor input, so a calibration change
 is a new value at the next replay, never a re-capture. The buffer layout (NV12Layout) is Python, fixed per capture.
-
-Conventions, shared with the numpy references:
-- pixel (i, j) sits at coordinate (x=i, y=j); nearest neighbour rounds half to even, as openpilot's warps
-  (tinygrad's Tensor.round): a scaled driver camera's map (0.75 x + 132) lands on exact halves.
-- U, V: chroma sample (u, v) sits at Y coordinate (2u, 2v) in both frames, so the UV map is
-  S @ M @ inv(S), S = diag(1/2, 1/2, 1), which is M * UV_SCALE elementwise (openpilot's): it sends
-  model chroma pixel (u, v) to half of where M sends model Y pixel (2u, 2v). The kernels use that second form; it
-  is bit-identical in float32 because scaling by 2 or 1/2 is exact.
-- road warps clamp samples outside the camera image to its edge, like openpilot's (the models were trained on
-  edge-replicated borders); the driver warp writes DM_BORDER_FILL there instead, as openpilot's v0.11.1 driver warp.
-  Every read stays inside the buffer's Y or UV rows: the clamp sends NaN to the first row or column, so a NaN
-  transform reads pixel (0, 0), never out of bounds (and the driver warp fills it).
-"""
+Conventions (pixel centres, rounding, chroma, borders), shared with the numpy references: docs/RUNTIME.md."""
 import numpy as np
 from tinygrad import Tensor, dtypes
 from tinygrad.helpers import Context

@@ -1,10 +1,7 @@
 """openpilot's msgq API (Context, PubSocket, SubSocket, Poller, pub_sock, sub_sock, drain_sock_raw) over two transports.
 
-MSGQ_TRANSPORT picks one per process, read when a socket connects: `zmq` (the default: ZMQ ipc sockets in a private
-runtime directory, zmq.py) or `shm` (openpilot's own shared-memory queues, byte for byte, shm.py), which openpilot's
-processes read and write. A subscriber given another address than 127.0.0.1 reads over TCP (ZMQ) on either.
-Both keep openpilot's rules: the newest publisher of an endpoint wins (the older one's next send raises
-MultiplePublishersError), a subscriber sees what is sent after it subscribed, conflate keeps the newest. docs/MSGQ.md.
+MSGQ_TRANSPORT picks one per process, read when a socket connects: `zmq` (the default, zmq.py) or `shm` (openpilot's
+own shared-memory queues, byte for byte, shm.py). Both keep openpilot's rules; docs/MSGQ.md.
 """
 import os, time
 

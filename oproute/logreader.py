@@ -1,12 +1,7 @@
 """Reading openpilot routes: segments, log files and the events in them, with the LogReader API openpilot users know.
 
-A route is a set of segment folders `<route>--<n>` (n from 0), either inside a route folder (`ROUTE/ROUTE--0/`, as the
-recorder writes) or side by side under one folder (`realdata/<route>--0/`, as on a device). A segment holds its log as
-`rlog` (every event) and `qlog` (decimated), each zstd (`.zst`), bzip2 (`.bz2`) or uncompressed: Cap'n Proto Events
-back to back. A message is self-delimiting (its segment table leads it), so a file cut short by a crash ends in a
-partial message that the framing detects, and compressed data cut short or damaged is reported with how much of it
-decoded (the events before the cut are read). Bytes that are not a whole, valid Event are reported (file and offset) in
-`warnings`, never yielded; an event of a union member this schema does not know is yielded as an `UnknownEvent`.
+Logs (rlog, qlog; zstd, bzip2 or plain) are Cap'n Proto Events back to back; what cannot be read (a cut, damaged data,
+bytes that are no whole Event) is reported in `warnings` with file and offset, never yielded. docs/CAMERAD.md.
 """
 from __future__ import annotations
 import bz2, enum, glob, io, logging, re, struct

@@ -1,9 +1,7 @@
 """Camera video in openpilot routes: one HEVC file per camera per segment (fcamera.hevc road, ecamera.hevc wide road,
 dcamera.hevc driver), tied to frame ids by EncodeIndex events (roadEncodeIdx, ...): frame `frameId` is picture
-`segmentId` (presentation order) of segment `segmentNum`'s file.
-
-Decoding goes straight into NV12 buffers of any layout; encoding writes a raw HEVC stream with no B-frames (decode
-order is presentation order, as openpilot's encoder) and a keyframe first in every file.
+`segmentId` (presentation order) of segment `segmentNum`'s file. Decoding goes straight into NV12 buffers of any
+layout; encoding writes raw HEVC with no B-frames (decode order is presentation order) and a keyframe first.
 """
 from __future__ import annotations
 from collections import Counter

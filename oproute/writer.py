@@ -1,12 +1,8 @@
 """Writing openpilot routes: ROUTE/ROUTE--<n>/ segments with rlog.zst (every event) and qlog.zst (every Nth event of a
 service, N its qlog decimation in the services table), initData first in both.
 
-While a segment is written its logs are a sequence of zstd frames, one ended every flush, so a crash loses at most
-what came since the last flush. Closing a segment rewrites each log as one zstd frame that records its size, which
-any zstd decoder reads, one-shot ones included (openpilot's LogReader decompresses a file in one call). The log of a
-segment cut short by a crash stays a sequence of frames: a streaming decoder (this package's LogReader, `zstd -d`)
-reads it; `finalize` turns it into one frame (`python -m oproute --finalize ROUTE` does it for a route's unfinished logs).
-"""
+Logs are flushed as zstd frames (a crash loses what came since the last flush) and rewritten as one frame on close,
+which one-shot decoders read; `finalize` does that for a crashed segment's logs (docs/CAMERAD.md)."""
 from __future__ import annotations
 import os, platform, time
 from importlib.metadata import PackageNotFoundError, version

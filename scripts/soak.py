@@ -1,5 +1,27 @@
 #!/usr/bin/env python3
-"""The fault battery's long runs (run it as scripts/soak.sh). The real camerad, modeld and dmonitoringd (tiny ONNX
+"""The fault battery's long runs (run it as scripts/soak.sh): the real camerad, modeld and dmonitoringd are hit by one
+fault after another, round after round, then one table gives a verdict per fault; exit status 1 if any is FAIL.
+HELP lists the faults and the checks; docs/RELIABILITY.md has the figures.
+"""
+import argparse, json, multiprocessing, os, pathlib, random, re, shutil, signal, subprocess, sys, tempfile, time, uuid
+from dataclasses import dataclass, field
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO)]
+
+import numpy as np
+from tests.artifacts import build
+from tests.daemon_harness import Camera, Daemon, Notify
+from tests.faults import ARTIFACT_DAMAGES, HANDSHAKE_FAULTS, MessageFaults, can_mount_tmpfs, damaged_artifact, full_disk, handshake_fault, usage
+from cereal import messaging
+from cereal.services import CAMERA_STATE_SERVICES, CAMERAS
+from msgq.visionipc import DRIVER, ROAD, WIDE_ROAD, NV12Layout, VisionIpcClient
+from msgq.visionipc.wire import socket_path
+from modeld.model import RoadModel as ModelD
+from dmonitoringd.model import DriverModel as DMonitoringD
+from oproute.logreader import LogReader, segment_dirs
+
+HELP = """The fault battery's long runs (run it as scripts/soak.sh). The real camerad, modeld and dmonitoringd (tiny ONNX
 models, small synthetic camera frames) run on a private OPENPILOT_PREFIX and are hit by one fault after another,
 round after round until the time is spent:
 
@@ -20,23 +42,6 @@ daemons stay up, reconnect, the stopped reader gets all, the recorder stops clea
 its fds back to their number before the fault (no fd leaked) and its RSS grown by at most --max-rss-growth-mib, and a
 damaged artifact exits 78 within --artifact-exit-seconds. Exit status 1 if any verdict is FAIL.
 """
-import argparse, json, multiprocessing, os, pathlib, random, re, shutil, signal, subprocess, sys, tempfile, time, uuid
-from dataclasses import dataclass, field
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO)]
-
-import numpy as np
-from tests.artifacts import build
-from tests.daemon_harness import Camera, Daemon, Notify
-from tests.faults import ARTIFACT_DAMAGES, HANDSHAKE_FAULTS, MessageFaults, can_mount_tmpfs, damaged_artifact, full_disk, handshake_fault, usage
-from cereal import messaging
-from cereal.services import CAMERA_STATE_SERVICES, CAMERAS
-from msgq.visionipc import DRIVER, ROAD, WIDE_ROAD, NV12Layout, VisionIpcClient
-from msgq.visionipc.wire import socket_path
-from modeld.model import RoadModel as ModelD
-from dmonitoringd.model import DriverModel as DMonitoringD
-from oproute.logreader import LogReader, segment_dirs
 
 W, H = 160, 96   # every camera: small frames keep camerad and the warps cheap; the faults do not depend on the size
 LAYOUT = NV12Layout.packed(W, H)
@@ -383,7 +388,7 @@ def table(rows: list[Row]) -> str:
   return '\n'.join(out)
 
 def main() -> int:
-  ap = argparse.ArgumentParser(prog='scripts/soak.sh', description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = argparse.ArgumentParser(prog='scripts/soak.sh', description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument('--minutes', type=float, default=10., help="total time: rounds of every fault until it is spent (at least one round; default 10)")
   ap.add_argument('--baseline-seconds', type=float, default=20., metavar='S', help="no fault, per round (default 20)")
   ap.add_argument('--garbage-seconds', type=float, default=60., metavar='S', help="malformed messages at 100 Hz, per round (default 60)")

@@ -1,15 +1,6 @@
-"""Process plumbing for long-running daemons under a service manager (systemd or anything speaking its protocol).
-
-- notify(): the sd_notify datagram protocol on $NOTIFY_SOCKET (a path, or '@name' for the abstract namespace):
-  READY=1 once the daemon serves, WATCHDOG=1 from the work loop, STATUS= a one-line human summary.
-- Watchdog: sends WATCHDOG=1 at half of $WATCHDOG_USEC (only if $WATCHDOG_PID is unset or names this process).
-- setup_logging(): one line per record on stderr. Under journald ($JOURNAL_STREAM set) each line starts with the
-  syslog priority '<N>' so the journal keeps the level; elsewhere with a timestamp. Values go as key=value. Repeated
-  warnings and errors are rate-limited (RateLimit); what is still held back is written at exit.
-- StopFlag: SIGTERM/SIGINT set a flag the loop checks; the loop finishes its frame and cleans up.
-- Stats: counters, gauges and timings summarised every `interval` seconds at info level, so a healthy daemon logs a
-  line per interval, never one per frame; STATUS= carries that line and the counters' totals since the start (a
-  manager that missed a datagram still reads exact totals from the next).
+"""Process plumbing for long-running daemons under a service manager (systemd or anything speaking its protocol):
+notify() (sd_notify: READY=1, WATCHDOG=1, STATUS=), Watchdog, setup_logging() (one line per record on stderr,
+rate-limited), StopFlag (SIGTERM/SIGINT end the loop after its frame), Stats (a summary line per interval, never per frame).
 """
 from __future__ import annotations
 import argparse, logging, os, signal, socket, sys, time
@@ -25,7 +16,8 @@ def _notify_addr() -> str | None:
 _notify_sock: socket.socket | None = None
 
 def notify(*fields: str) -> bool:
-  """Send 'FIELD=value' lines as one datagram to $NOTIFY_SOCKET. False if unset, the manager is gone or its queue is full:
+  """Send 'FIELD=value' lines as one datagram to $NOTIFY_SOCKET (a path, or '@name' for the abstract namespace): READY=1
+  once the daemon serves, WATCHDOG=1 from the work loop, STATUS= a one-line human summary. False if unset, the manager is gone or its queue is full:
   it never raises and never blocks (a frame loop must not stall on a supervisor that does not read)."""
   global _notify_sock
   if (addr := _notify_addr()) is None: return False
@@ -38,7 +30,8 @@ def notify(*fields: str) -> bool:
     return False
 
 class Watchdog:
-  """kick() from the work loop; it sends WATCHDOG=1 at most every WATCHDOG_USEC/2. Inert without $WATCHDOG_USEC."""
+  """kick() from the work loop; it sends WATCHDOG=1 at most every WATCHDOG_USEC/2. Inert without $WATCHDOG_USEC, or
+  when $WATCHDOG_PID names another process."""
   def __init__(self):
     usec, pid = os.environ.get('WATCHDOG_USEC'), os.environ.get('WATCHDOG_PID')
     ok = usec is not None and usec.isdigit() and int(usec) > 0 and (pid is None or pid == str(os.getpid()))
@@ -127,6 +120,9 @@ def add_log_level(ap: argparse.ArgumentParser, detail: str = "") -> None:
                   help=f"stderr log level: DEBUG, INFO, WARNING or ERROR (default INFO{'; DEBUG adds ' + detail if detail else ''})")
 
 def setup_logging(level: str | int = 'INFO', rate_limit: float = 10.) -> None:
+  """One line per record on stderr: under journald ($JOURNAL_STREAM set) each line starts with the syslog priority '<N>'
+  so the journal keeps the level, elsewhere with a timestamp; values go as key=value. Repeated warnings and errors are
+  rate-limited (RateLimit); what is still held back is written at exit."""
   root = logging.getLogger()
   for h in list(root.handlers):
     root.removeHandler(h)
@@ -153,7 +149,9 @@ class StopFlag:
 class Stats:
   """Periodic summary: `count(k)`, `gauge(k, v)`, `timing(k, seconds)`; `tick()` logs and clears every `interval` s.
   The rate is that of the counter `rate_key`. `set_state(s)` leads every STATUS= from then on (what the process is
-  doing: waiting for a camera, serving one), sent at once."""
+  doing: waiting for a camera, serving one), sent at once. So a healthy daemon logs a line per interval, never one per
+  frame; STATUS= carries that line and the counters' totals since the start (a manager that missed a datagram still
+  reads exact totals from the next)."""
   def __init__(self, logger: logging.Logger, interval: float = 10., rate_key: str = 'frames'):
     self.logger, self.interval, self.rate_key, self.state = logger, interval, rate_key, ''
     self.counts: dict[str, int] = defaultdict(int)

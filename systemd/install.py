@@ -1,11 +1,7 @@
 """Install the modeld stack's systemd units: fill the templates of this folder and copy them to the unit directory.
 
-Run by `make install-services` (see systemd/README.md). ExecStart points at the console scripts of the
-virtual environment in `--bindir`; `--destdir` stages everything under another root (packaging, tests) and never
-reloads systemd. The environment file is created once and never overwritten: it holds the user's settings.
-Nothing is installed where the services could not start: a console script, or the Python it runs (followed through
-its links and the venv's pyvenv.cfg), that the units' own sandboxing hides or that the service user cannot reach (a
-staged install is only warned of the first).
+Run by `make install-services` (see systemd/README.md). The environment file is created once and never overwritten (it
+holds the user's settings); nothing is installed where the services could not start (problems()).
 """
 import argparse, os, re, stat, subprocess, sys
 from pathlib import Path

@@ -1,9 +1,7 @@
 """Running a daemon (modeld, dmonitoringd) as a real child process against a real camera server and real sockets.
 
-The test process is the camera (a VisionIpcServer publishing frames and camera-state messages), the car (PubMaster
-for calibration, carState, ...) and the service manager (a datagram NOTIFY_SOCKET): tests wait on the daemon's
-STATUS= counts and on its messages, never on sleeps or log text. The child's stderr is collected, to show when a test
-fails.
+The test process is the camera (VisionIpcServer), the car (PubMaster) and the service manager (NOTIFY_SOCKET): tests wait
+on the daemon's STATUS= counts and its messages, never on sleeps or log text. The child's stderr shows when a test fails.
 """
 import os, re, signal, socket, subprocess, sys, tempfile, threading, time
 import numpy as np

@@ -1,10 +1,7 @@
-"""The reference models on synthetic scenes as the daemons run them, without processes or sockets: each frame rendered
-into a host buffer, then modelrt.runner's RoadRunner / DMRunner on the daemons' artifact (its warps and model JITs, and
-the road model's image, feature and desire history, from zeros as after a camera connects), then the daemons' parsers.
-Shared by tests/test_reference_models.py and bench/accuracy.py.
-
-Around the runner, the inputs modeld would take from messages are fixed: the calibration is the scene's (`calib`
-overrides it, so a caller can show what a wrong one does), no desire, left-hand traffic.
+"""The reference models on synthetic scenes as the daemons run them, without processes or sockets: frames rendered into
+host buffers, modelrt.runner's RoadRunner / DMRunner on the daemons' artifact (histories from zeros), the daemons' parsers.
+Shared by tests/test_reference_models.py and bench/accuracy.py. The inputs modeld takes from messages are fixed: the
+scene's calibration (`calib` overrides it, to show what a wrong one does), no desire, left-hand traffic.
 """
 import functools, time
 from collections.abc import Sequence

@@ -1,21 +1,7 @@
 """ONNX models with the exact I/O of openpilot v0.11.1's released models and known outputs, for tests and benchmarks.
 
-Each has the release's input names, shapes and dtypes, one (1, N) float output named `outputs`, and `output_slices`
-in metadata_props as openpilot stores it: MIME base64 (line breaks included) of a pickled {name: slice}. Its output
-is a constant vector KNOWN[model] (chosen per slice below) plus a few entries that depend on the inputs exactly
-(the TAPS), so a test can compute every published field by hand, and modeld-compile's check that every input
-changes the output passes. Tiny graphs: tinygrad compiles them in seconds. Uses the onnx package (test-only).
-
-Taps, all on uniform frames exact in float32 (a mean over one 128x256 channel of integers):
-- vision: meta[ROAD_Y_META] += mean Y of the newest road frame / 16, meta[WIDE_Y_META] += the same of the newest
-  wide frame / 16 (both biased -8: a brightness of 128 is probability 0.5); hidden_state[0] = mean U of the newest
-  road frame, hidden_state[1] = mean U of the road frame 4 frames earlier (the older half of `img`);
-- policy: outputs[998] = sum_j (j + 1) features_buffer[0, j, 0]; outputs[999] = sum_j (j + 1) sum_d (d + 1)
-  desire_pulse[0, j, d] + 1000 traffic_convention[0, 0] + 3000 traffic_convention[0, 1] (the 2 entries the release
-  leaves unused);
-- dm: the entries after the named slices (the model's features, unnamed here) = mean of input_img / 255 and calib.
-dense=True adds a path of random weights (conv + matmul, a few MB) to every output, for benchmarks that want a model
-with some compute and weights; its outputs are then no longer known.
+Each output is a constant vector KNOWN[model] plus a few taps that depend on the inputs exactly (below), so a test can
+compute every published field by hand, and modeld-compile's check that every input changes the output passes.
 """
 import codecs, pathlib, pickle
 import numpy as np
@@ -32,7 +18,22 @@ HISTORY_OUT, PULSE_OUT = 998, 999       # policy taps
 TRAFFIC_WEIGHTS = (1000.0, 3000.0)      # LHD, RHD
 DM_FEATURES = 512                       # unnamed entries after the DM's named slices
 
-def encode_slices(slices: dict[str, slice]) -> str: return codecs.encode(pickle.dumps(slices), 'base64').decode()
+# Each model has the release's input names, shapes and dtypes, one (1, N) float output named `outputs`, and
+# `output_slices` in metadata_props (encode_slices). Tiny graphs: tinygrad compiles them in seconds. The taps, all on
+# uniform frames exact in float32 (a mean over one 128x256 channel of integers):
+# - vision: meta[ROAD_Y_META] += mean Y of the newest road frame / 16, meta[WIDE_Y_META] += the same of the newest
+#   wide frame / 16 (both biased -8: a brightness of 128 is probability 0.5); hidden_state[0] = mean U of the newest
+#   road frame, hidden_state[1] = mean U of the road frame 4 frames earlier (the older half of `img`);
+# - policy: outputs[998] = sum_j (j + 1) features_buffer[0, j, 0]; outputs[999] = sum_j (j + 1) sum_d (d + 1)
+#   desire_pulse[0, j, d] + 1000 traffic_convention[0, 0] + 3000 traffic_convention[0, 1] (the 2 entries the release
+#   leaves unused);
+# - dm: the entries after the named slices (the model's features, unnamed here) = mean of input_img / 255 and calib.
+# dense=True adds a path of random weights (conv + matmul, a few MB) to every output, for benchmarks that want a model
+# with some compute and weights; its outputs are then no longer known. The onnx package is test-only.
+
+def encode_slices(slices: dict[str, slice]) -> str:
+  """As openpilot stores output_slices: MIME base64 (line breaks included) of a pickled {name: slice}."""
+  return codecs.encode(pickle.dumps(slices), 'base64').decode()
 
 # ***** the known outputs *****
 

@@ -1,10 +1,7 @@
-"""The shm transport against openpilot's own msgq and VisionIPC (commaai/msgq, built from OPENPILOT_MSGQ_SRC: tests/upstream.py),
-real processes on both sides: messages, the newest-publisher rule and Poller wake-ups both ways, openpilot's own Python
-tests on the project's msgq, modeld on openpilot's camera and messages, camerad feeding openpilot's VisionIpcClient.
-
-openpilot's side runs the functions named upstream_* in child processes of their own (see Upstream), so their
-`import msgq` is openpilot's; messages it builds or reads use openpilot's own schema (openpilot_logging). Without
-OPENPILOT_MSGQ_SRC every test skips.
+"""The shm transport against openpilot's own msgq and VisionIPC (commaai/msgq from OPENPILOT_MSGQ_SRC: tests/upstream.py), real
+processes on both sides: messages, the newest-publisher rule, Poller wake-ups, openpilot's Python tests on the project's
+msgq, modeld on openpilot's camera, camerad feeding openpilot's VisionIpcClient. openpilot's side runs the upstream_*
+functions in child processes (Upstream), with openpilot's schema. Without OPENPILOT_MSGQ_SRC every test skips.
 """
 import hashlib, os, random, statistics, subprocess, sys, time
 import pytest

@@ -1,9 +1,8 @@
 """modeld-dump, modeld-overlay and modeld-plot against real processes and sockets.
 
-A small stack runs once per module: camerad on a 320x200 synthetic scene in lockstep, modeld-record recording it
-with video, modeld-overlay --live drawing it, and a stand-in model process that answers every camera frame with
-modelV2 / driverStateV2 / driverMonitoringState computed from the scene's ground truth (so the drawn lane lines
-must land on the painted ones)."""
+A small stack runs once per module: camerad on a 320x200 synthetic scene in lockstep, modeld-record with video,
+modeld-overlay --live, and a stand-in model process answering every frame from the scene's ground truth (so the drawn
+lane lines must land on the painted ones)."""
 import base64, json, os, re, select, shutil, signal, subprocess, sys, uuid
 from pathlib import Path
 import av

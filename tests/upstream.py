@@ -1,10 +1,7 @@
 """openpilot's own msgq (commaai/msgq, C++ with Cython bindings) for the interop tests: built from the source folder
 OPENPILOT_MSGQ_SRC names, and run in child processes that see it and not the project.
-
-built() builds it once per source (content-addressed, in .cache/openpilot-msgq/) or skips the test when no source is
-given. Upstream(built, func, *args) runs a function of a test file in a child whose `import msgq` is openpilot's;
-run_openpilot_tests() runs openpilot's own Python tests against the project's msgq. A user's machine has no source:
-the tests skip.
+built() builds it once per source (in .cache/openpilot-msgq/), or skips the test without a source (as on a user's machine);
+Upstream(built, func, *args) runs a test file's function in a child whose `import msgq` is openpilot's.
 """
 import fcntl, functools, hashlib, inspect, json, os, queue, shutil, subprocess, sys, sysconfig, tempfile, threading
 from pathlib import Path

@@ -1,23 +1,8 @@
 """Reference driver monitoring model in plain tinygrad, computed from the pixels, with the I/O of openpilot v0.11.1's
 dmonitoring_model.onnx (modelrt.contracts.DM_V0_11_1; the named heads, without the model's feature vector).
 
-The 1440x960 Y plane is mean-pooled 4x4 (360x240). Each driver side looks at its half of the image (LHD drivers
-sit in the left half, see docs/SCENES.md):
-- face: the skin-bright blob (between the dark cabin and the brightest things): its pixel count gives face_prob,
-  its centroid the position (openpilot's convention: pixel / (1440, 960) - 0.5), its area the size;
-- eyes: darker-than-skin spots in the upper face; an open eye is very dark, a closed one a thin mid-grey line
-  (eye_prob is openpilot's "eye visible": any face's eyes are, open or closed; blink_prob says closed). The eye
-  pair's offset from the face centre gives the head's turn (eyes sit at +-0.4 a + 0.6 a sin(yaw) across and
-  -0.15 b + 0.6 b sin(pitch) down of an a x b face; yaw > 0 towards image right, pitch > 0 down, the scenes'
-  signs), the line through both eyes the roll;
-- phone: the brightest pixels near the face;
-- wheel_on_right: which half holds more skin.
-Orientation is [pitch, yaw, roll] in openpilot's convention, which its monitoring turns into the driver's view of the
-road (dmonitoringd.policy.face_pose): the device frame, in which a face that looks along the road from off the
-camera's axis is turned by the angle of its place in the picture (openpilot's pinhole: f 598 over 1928x1208), pitch
-up and yaw to the driver's right; so a face the scene turns by (yaw, pitch) reads as looking (-yaw, -pitch) off the
-road ahead. Roll is the scene's less the calibration's. Sunglasses are never detected (low, constant).
-"""
+Each driver side looks at its half of the pooled Y plane for the face, eyes, phone and skin; docs/REFERENCE_MODELS.md
+says how each output is found and in which frame the orientation is given."""
 import hashlib, math
 from collections.abc import Callable
 from pathlib import Path

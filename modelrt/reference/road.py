@@ -1,24 +1,8 @@
 """Reference road models: vision and policy in plain tinygrad, computed from the pixels, with the I/O of openpilot
 v0.11.1's driving_vision.onnx and driving_policy.onnx (modelrt.contracts.ROAD_V0_11_1).
 
-Vision reads the newest and the 4-frames-older packed model frame of `img`, rebuilds their 512x256 Y planes and
-works in the calibrated model frame, where a road point (x ahead, y right, camera height h below) sits at
-u = cx + fl*y/x, v = cy + fl*h/x: every image row v is one distance x = fl*h/(v - cy).
-- Paint: a ridge detector (a pixel brighter than the mean of both neighbourhoods, at three widths) per row.
-- Lines: the paint nearest the ego's line (along the lanes' heading) on each side in the near rows seeds the
-  ego lines; windowed centroids per row and weighted quadratic fits y = a + b*x + c*x^2 refine them over
-  growing distance ranges; the adjacent lines are seeded beyond the ego lines the same way; the last fits treat
-  all four as parallel curves. Stds are small where rows carried paint and grow where the fit extrapolates; a
-  line with little paint gets a low probability and a large std.
-- Road edges: the asphalt/grass border beyond the outermost line, as an offset of that line.
-- Lead: the lowest row whose ego-lane interior is mostly dark (and stays dark above it) is the lead's contact
-  row: x = fl*h/(v - cy). The same in the older frame gives the relative speed over the 0.2 s between them.
-- Ego speed: the dashes of the ego lines move towards the camera between the two frames; the shift that best
-  aligns the older dash pattern with the newest, over 0.2 s, is the speed (unknown on solid paint: high std).
-- hidden_state carries these numbers (see HIDDEN) for the policy; what a single frame pair cannot give
-  (pose rotation, wide camera extrinsics, road transform) is zero with a high std.
-Policy reads the 25-deep feature history and plans along the lane centre at the estimated speed.
-"""
+Vision finds paint, lane lines, road edges, the lead and the ego speed in the calibrated model frame and hands them to
+the policy in hidden_state (HIDDEN); docs/REFERENCE_MODELS.md says how each is found."""
 import functools, hashlib, itertools, math
 from collections.abc import Callable
 from pathlib import Path

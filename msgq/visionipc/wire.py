@@ -1,9 +1,7 @@
 """What a VisionIPC server and its clients agree on, byte for byte as openpilot's (commaai/msgq's visionipc/).
 
-Handshake: a client connects to the server's unix socket (SOCK_SEQPACKET) and sends one native uint32, a stream type or
-STREAM_LIST. It gets the stream list (uint32s), or the stream's buffers: one 112-byte BUF record each, their fds in one
-SCM_RIGHTS message, or nothing at all for a stream the server lacks. Frames: one 48-byte PACKET per published buffer on
-the msgq endpoint `visionipc_<name>_<type>`. Each buffer holds its frame id (uint64) right after the image. docs/VISIONIPC.md
+The handshake on the server's unix socket (a stream type or STREAM_LIST in; the stream list, or a 112-byte BUF record
+per buffer with their fds, out) and the 48-byte PACKET per published frame. docs/VISIONIPC.md
 """
 import os, re, socket, struct
 from msgq.pubsub import IpcError, prefix, transport
