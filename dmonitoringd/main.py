@@ -5,7 +5,7 @@ policy sees each frame's driver state without a hop. Start-up, restarts and exit
 from __future__ import annotations
 import sys
 from typing import NoReturn
-from modeld_common.daemon import RECV_TIMEOUT_MS, Daemon
+from modeld_common.daemon import RECV_TIMEOUT_MS, Daemon, parse_args
 from dmonitoringd.model import DriverModel
 
 def wanted(streams: set[int]) -> list[tuple[int, bool]] | str:
@@ -13,14 +13,15 @@ def wanted(streams: set[int]) -> list[tuple[int, bool]] | str:
   return [(DRIVER, True)] if DRIVER in streams else f"not the driver camera ({DRIVER})"   # conflated: always the newest frame
 
 def main(argv: list[str] | None = None) -> NoReturn:
-  with Daemon('dmonitoringd', argv, __doc__, DriverModel.PUBLISHES, DriverModel.SUBSCRIBES) as d:
+  args = parse_args(argv, 'dmonitoringd', __doc__)
+  with Daemon('dmonitoringd', args, DriverModel.outputs(monitoring := not args.model_only), DriverModel.SUBSCRIBES) as d:
     from modelrt.runner import DMRunner   # tinygrad reads DEV once: after the options set it
     artifact, models = d.load_artifact('dm'), {}
     for cam in d.cameras(wanted):
       (client,) = cam.clients
       if (model := models.get(cam.layouts)) is None:   # one per buffer layout: its warp, warmed up
         runner = DMRunner(artifact, client.layout, threads=d.args.threads)
-        model = models[cam.layouts] = DriverModel(runner, d.sm, d.stats, d.log, d.args.raw_predictions, d.args.sensor)
+        model = models[cam.layouts] = DriverModel(runner, d.sm, d.stats, d.log, d.args.raw_predictions, d.args.sensor, monitoring=monitoring)
         runner.warmup()
       d.ready()
       model.reset()

@@ -18,13 +18,19 @@ PHONE_THRESH = {'os04c10': 0.75}   # openpilot's for the device with this driver
 class DriverModel(FrameModel):
   PUBLISHES, SUBSCRIBES = list(DMONITORINGD_OUTPUTS), list(DMONITORINGD_INPUTS)   # the services table's
 
-  def __init__(self, *args, **kwargs):
+  def __init__(self, *args, monitoring: bool = True, **kwargs):
+    """monitoring: openpilot's monitoring policy after the model, driverMonitoringState (False: the model alone, as
+    openpilot's dmonitoringmodeld)."""
     super().__init__(*args, **kwargs)
+    self.monitoring = monitoring
     self.reset()
+
+  @classmethod
+  def outputs(cls, monitoring: bool = True) -> list[str]: return cls.PUBLISHES if monitoring else cls.PUBLISHES[:1]
 
   def reset(self) -> None:
     super().reset()
-    self.policy, self.state, self.geometry, self.transform = DriverMonitoring(), None, None, None
+    self.policy, self.state, self.geometry, self.transform = DriverMonitoring() if self.monitoring else None, None, None, None
 
   def step(self, buf) -> list:
     """One driver frame (the newest messages already in sm): [(service, message)] to publish."""
@@ -46,7 +52,7 @@ class DriverModel(FrameModel):
     cs = self.sm['carState']
     # the policy learns only from good frames; a bad one repeats the last state, marked invalid. Engaged: as openpilot,
     # selfdriveState.enabled, false until one comes
-    if run.out.finite and not run.torn:
+    if self.policy is not None and run.out.finite and not run.torn:
       self.state = self.policy.update(dm, float(cs.vEgo) if np.isfinite(cs.vEgo) else 0., bool(cs.standstill), self.calib.rpy,
                                       bool(self.sm['selfdriveState'].enabled), bool(cs.steeringPressed or cs.gasPressed),
                                       PHONE_THRESH.get(self.geometry[0]))

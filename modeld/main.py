@@ -8,7 +8,7 @@ import sys
 from typing import NoReturn, Protocol
 from collections.abc import Callable
 from cereal.services import road_streams
-from modeld_common.daemon import RECV_TIMEOUT_MS, Daemon
+from modeld_common.daemon import RECV_TIMEOUT_MS, Daemon, parse_args
 from modeld.model import RoadModel
 
 SYNC_AHEAD_NS = 25_000_000
@@ -55,7 +55,7 @@ def wanted(streams: set[int]) -> list[tuple[int, bool]] | str:
   return [(s, i == 0) for i, s in enumerate(use)]
 
 def main(argv: list[str] | None = None) -> NoReturn:
-  with Daemon('modeld', argv, __doc__, RoadModel.PUBLISHES, RoadModel.SUBSCRIBES) as d:
+  with Daemon('modeld', parse_args(argv, 'modeld', __doc__), RoadModel.PUBLISHES, RoadModel.SUBSCRIBES) as d:
     from modelrt.runner import RoadRunner   # tinygrad reads DEV once: after the options set it
     artifact, models = d.load_artifact('road'), {}
     for cam in d.cameras(wanted):

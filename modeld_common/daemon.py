@@ -37,6 +37,9 @@ build).""")
   ap.add_argument('--stats-interval', type=float, default=10., metavar='S', help="seconds between stats log lines and STATUS= updates (default 10)")
   ap.add_argument('--threads', type=int, default=1, metavar='N', help="threads that share each model kernel's launches (default 1: one core; "
                   "N takes N cores: latency drops where they are free, docs/PERFORMANCE.md)")
+  if prog == 'dmonitoringd':
+    ap.add_argument('--model-only', action='store_true', help="driverStateV2 alone, as openpilot's dmonitoringmodeld: beside a "
+                    "running openpilot, whose own dmonitoringd publishes driverMonitoringState (default: both)")
   add_log_level(ap, "a line per dropped or bad frame")
   args = ap.parse_args(argv)
   if args.threads < 1: ap.error(f"--threads: expected N >= 1, got {args.threads}")
@@ -69,8 +72,8 @@ class Daemon:
   """A model daemon's process, as `with Daemon(...) as d:` around its loop. Leaving it closes the sockets, reports the
   totals and exits: 0 when stopped by a signal, 1 when another daemon took the outputs, EX_CONFIG for an artifact that
   cannot serve this machine or camera, or a model whose outputs cannot be parsed."""
-  def __init__(self, name: str, argv: list[str] | None, doc: str | None, publishes: list[str], subscribes: list[str]):
-    self.name, self.args = name, parse_args(argv, name, doc)
+  def __init__(self, name: str, args: argparse.Namespace, publishes: list[str], subscribes: list[str]):
+    self.name, self.args = name, args
     setup_logging(self.args.log_level)
     set_process_title(name)
     from cereal import messaging

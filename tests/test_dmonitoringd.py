@@ -171,6 +171,28 @@ def test_daemon_frames_in_lockstep(artifacts, tmp_path):
   assert rc == 0 and dt < 1, (rc, dt)
   assert beyond_base_install(modules.read_text().split()) == set()   # a plain `pip install .` runs it: no torch, no extra
 
+def test_model_only_leaves_driver_monitoring_state_to_openpilots_dmonitoringd(artifacts):
+  """--model-only is openpilot's dmonitoringmodeld: driverStateV2 for every frame and no driverMonitoringState, so
+  openpilot's own dmonitoringd (here a publisher started first, marking its messages) keeps its endpoint."""
+  theirs = messaging.PubMaster(['driverMonitoringState'])
+  cam = Camera({DRIVER: LAYOUT})
+  d, notify = _start(artifacts, '--model-only')
+  col = Collector(OUTPUTS)
+  try:
+    for n in range(1, 11):
+      cam.send(n)
+      assert col.wait('driverStateV2', n)[-1].driverStateV2.frameId == n
+      m = messaging.new_message('driverMonitoringState')
+      m.driverMonitoringState.isRHD = True
+      theirs.send('driverMonitoringState', m)   # would raise MultiplePublishersError had the daemon taken the endpoint
+    col.wait('driverMonitoringState', 5)
+    time.sleep(0.2)
+    col.poll()
+  finally:
+    rc, _ = d.stop()
+    cam.close(); col.close(); notify.close(); theirs.close()
+  assert rc == 0 and all(e.driverMonitoringState.isRHD for e in col.msgs['driverMonitoringState']), rc
+
 def test_daemon_bad_input_and_restart(artifacts):
   """Garbage on its topics and a NaN calibration: named errors, keeps running, bad frames invalid. Then the camera
   server restarts with another layout: reconnects and goes on."""
