@@ -2,8 +2,7 @@
 
 A malformed message is counted and reported, never fatal: the tool is what one points at a misbehaving stack. With
 nothing of a service after a few seconds, one line on stderr says so and where it listens (the prefix's sockets, or
-the TCP address), and it goes on waiting.
-"""
+the TCP address), and it goes on waiting."""
 import argparse, base64, json, os, sys, time
 import numpy as np
 from cereal.services import SERVICES

@@ -2,8 +2,7 @@
 
 What the next optimisation step needs to see: where a replay's time goes (kernel name, its share, achieved GFLOP/s
 and GB/s from tinygrad's own estimates), and how many calls it dispatches. Runs outside the JIT's replay path,
-after a replay (so the intermediate buffers hold real data); the replay itself is unchanged.
-"""
+after a replay (so the intermediate buffers hold real data); the replay itself is unchanged."""
 from __future__ import annotations
 import re, time
 from dataclasses import dataclass

@@ -2,8 +2,7 @@
 
 One file per endpoint in /dev/shm: a 384-byte header of 64-bit words, then a ring of records (an int64 length tag, the
 payload, padding to 8). One writer, up to 15 readers with their own read pointers; the writer wakes each reader with
-SIGUSR2 sent to the thread that registered it. Layout, rules and memory ordering: docs/MSGQ.md.
-"""
+SIGUSR2 sent to the thread that registered it. Layout, rules and memory ordering: docs/MSGQ.md."""
 import ctypes, ctypes.util, mmap, os, platform, signal, threading, time
 
 DEFAULT_SEGMENT = 1 << 20   # bytes of ring when the caller names no size (openpilot's DEFAULT_SEGMENT_SIZE)

@@ -2,8 +2,7 @@
 
 openpilot_logging.cereal first tries `from cereal import log`, which in this environment finds the project's own
 cereal: a test built on it would compare the project with itself. So its .capnp files are loaded by path into a
-parser of their own, and its LogReader runs in a child process where no `cereal` package can be imported.
-"""
+parser of their own, and its LogReader runs in a child process where no `cereal` package can be imported."""
 from __future__ import annotations
 import os, pickle, subprocess, sys, sysconfig
 from pathlib import Path

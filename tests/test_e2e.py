@@ -2,8 +2,7 @@
 compared with the ground truth of the frame each output names. camerad runs --lockstep (each frame only after the
 daemon answered the previous one), so every frame is answered and a run is deterministic however slow the machine.
 One modeld and one dmonitoringd serve all the runs of this file (camerad restarts between runs; the daemons reconnect
-and reset their history). And the demo, run as `make demo` runs it.
-"""
+and reset their history). And the demo, run as `make demo` runs it."""
 import contextlib, os, re, shutil, subprocess, sys, time
 import numpy as np
 import pytest
