@@ -1,16 +1,7 @@
-"""modeld-batch: the road and driver-monitoring models over every segment of many routes, on Ray.
-
-  modeld-batch ROUTE... --artifacts DIR --out DIR [--workers N] [--address ADDR] [--resume]
-  modeld-batch diff OUT_A OUT_B [--top N]
-
-One Ray task per segment, served by long-lived actors (one per worker) that load the artifacts once, as a daemon does.
-A segment's frames go through the daemons' own frame code (modeld_batch/segment.py); its outputs and input camera states go
-to OUT/<route>/<route>--<n>/rlog.zst, its counts beside it (counts.json), written under a temporary name and renamed when
-complete. Ctrl-C and SIGTERM stop the job cleanly (exit 130, 143): --resume goes on from there. Before Ray starts, the
-artifacts' manifests are checked against each route's camera sizes. Without --address, ray.init() starts a local Ray
-with --workers workers (default: one per core); with it, the job joins that cluster, and ROUTE, --artifacts and --out
-must be paths every node reads, this machine included (a shared file system).
-"""
+"""modeld-batch: the road and driver-monitoring models over every segment of many routes, on Ray (this machine or a
+cluster), and `modeld-batch diff`, which compares two runs. The driver lists the segments, checks the artifacts against
+the routes' cameras, hands the segments to its workers (pool.py) and sums up; a worker runs a segment through the
+daemons' own frame code (segment.py). Design, faults survived and figures: docs/BATCH.md."""
 from __future__ import annotations
 import argparse, json, os, shutil, signal, socket, sys, time
 from collections import Counter
@@ -19,7 +10,18 @@ from pathlib import Path
 from service import reader_left
 from service.extras import needs_extra
 
-RETRIES = 3   # a segment whose worker died (killed, out of memory) is run again this often on a new worker
+HELP = """  modeld-batch ROUTE... --artifacts DIR --out DIR [--workers N] [--address ADDR] [--resume]
+  modeld-batch diff OUT_A OUT_B [--top N]
+
+One Ray task per segment, served by long-lived actors (one per worker) that load the artifacts once, as a daemon does.
+A segment's frames go through the daemons' own frame code (modeld_batch/segment.py); its outputs and input camera states go
+to OUT/<route>/<route>--<n>/rlog.zst, its counts beside it (counts.json), written under a temporary name and renamed when
+complete. A worker lost with its process or node costs the segment it ran a re-run, not the job. Ctrl-C and SIGTERM
+stop the job cleanly (exit 130, 143): --resume goes on from there. Before Ray starts, the artifacts' manifests are
+checked against each route's camera sizes. Without --address, ray.init() starts a local Ray with --workers workers
+(default: one per core); with it, the job joins that cluster, and ROUTE, --artifacts and --out
+must be paths every node reads, this machine included (a shared file system)."""
+
 # how long --address gets to accept a connection: ray.init() would retry an address where nothing listens for many
 # minutes, in native code that holds off SIGTERM and Ctrl-C; this check waits in Python, where both stop it
 CONNECT_TIMEOUT_S = 10.
@@ -47,6 +49,8 @@ class RouteSummary:
   model_s: float = 0.           # sum of modelExecutionTime and driverStateV2's
   wall_s: float = 0.            # sum of the segments' wall times on their workers
   unrecorded: int = 0           # resumed segments without their counts (an older modeld-batch's): not in the counts above
+  rerun: int = 0                # this run's segment runs lost with their worker (its node or process died), and run again
+  rerun_why: dict[str, int] = field(default_factory=dict)  # reason -> runs
   errors: list[str] = field(default_factory=list)
 
   def add(self, r: dict) -> None:
@@ -58,7 +62,7 @@ class RouteSummary:
     self.model_s, self.wall_s = self.model_s + r["model_s"], self.wall_s + r["wall_s"]
 
 def remove_partial(out: Path) -> None:
-  """The temporary outputs of segments not completed (a segment is written as .<route>--<n>.tmp, renamed when whole)."""
+  """The temporary outputs of segments not completed (a segment's run writes .<route>--<n>.<id>.tmp, renamed when whole)."""
   for tmp in out.glob("*/.*.tmp"): shutil.rmtree(tmp, ignore_errors=True)
 
 def route_jobs(routes: list[str], out: Path) -> list[Job]:
@@ -128,6 +132,7 @@ def segment_counts(j: Job) -> dict | None:
 def run(args) -> int:
   import ray
   from tqdm import tqdm
+  from modeld_batch.pool import Pool
   from modeld_batch.segment import SegmentWorker
   out = Path(args.out)
   jobs = route_jobs(args.routes, out)
@@ -156,7 +161,7 @@ def run(args) -> int:
     if len(caught) == 1 and not deferred: raise KeyboardInterrupt
   handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
   t0, t_ray, t_workers, t1 = time.monotonic(), None, None, None   # t_*: when Ray's start-up, the workers' and the segments' began
-  workers, pending, queue, reported = [], {}, list(todo), set()
+  pool, reported = None, set()
   # Ray's driver prints its notices (a worker died, a task failed) to stdout: they go to stderr, with the progress bar,
   # and stdout holds the summary table alone
   stdout, sys.stdout = sys.stdout, sys.stderr
@@ -183,47 +188,48 @@ def run(args) -> int:
     t_workers = time.monotonic()
     n_workers = args.workers or int(ray.cluster_resources().get("CPU", 1))
     print(f"ray: {'joined ' + args.address if args.address else 'local'}, {n_workers} workers in {t_workers - t_ray:.1f} s", file=sys.stderr)
-    workers = [SegmentWorker.options(num_cpus=1, max_restarts=-1, max_task_retries=RETRIES).remote(str(args.artifacts))
-               for _ in range(min(n_workers, len(todo)) or 1)]
-    try: ray.get([w.pid.remote() for w in workers])   # started, artifacts loaded: what follows is the segments' time
-    except ray.exceptions.RayError as e: sys.exit(f"modeld-batch: the workers could not start: {str(e).splitlines()[0][:300]}")
-    t1 = time.monotonic()
-    print(f"workers ready (artifacts loaded) in {t1 - t_workers:.1f} s", file=sys.stderr)
+    # no restart by Ray, no retry of a call: a lost worker is replaced at once by a new one, wherever a core is free,
+    # and the pool, not Ray, counts what its loss costs (Ray's retries all go to the dead worker's address)
+    pool = Pool(lambda: SegmentWorker.options(num_cpus=1, max_restarts=0, max_task_retries=0).remote(str(args.artifacts)),
+                min(n_workers, len(todo)) or 1, list(todo), lambda line: tqdm.write(line, file=sys.stderr))
     with tqdm(total=len(jobs), initial=len(done), unit="segment", desc="modeld-batch", disable=args.quiet) as bar:
-      # a second segment waits queued on each worker, so it starts as the first ends, without the round trip through
-      # this process (slow to wake when the workers fill every core); not near the end, where it could wait behind a
-      # long segment while another worker idles
-      load = [0] * len(workers)
-      while queue or pending:
-        while queue and load[i := load.index(min(load))] < (2 if len(queue) > len(workers) else 1):
-          j = queue.pop(0)
-          pending[workers[i].replay.remote(asdict(j))] = (i, j)
-          load[i] += 1
-        ready, _ = ray.wait(list(pending), num_returns=1)
-        i, j = pending.pop(ready[0])
-        load[i] -= 1
-        deferred, s = True, summary[j.route]   # a signal waits until this result is counted whole, and once
-        try: r = ray.get(ready[0])
-        except ray.exceptions.RayError as e: r = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
-        if r.get("error"): s.errors.append(f"{Path(j.src).name}: {r['error']}")
-        else:
-          s.done += 1
-          s.add(r)
-        reported.add(j.out)
+      while pool.queue or pool.pending:
+        pool.dispatch()
+        if (ref := pool.wait()) is None:   # no worker left, and none may start again
+          for j in pool.queue: summary[j.route].errors.append(f"{Path(j.src).name}: not run: no worker could start")
+          break
+        if ref in pool.starting:   # the segments' time starts with the first worker ready
+          try: w = pool.started(ref)
+          except ray.exceptions.RayActorError as e: sys.exit(f"modeld-batch: the workers could not start: {str(e).splitlines()[0][:300]}")
+          if w and t1 is None:
+            t1 = time.monotonic()
+            print(f"first worker ready (artifacts loaded) in {t1 - t_workers:.1f} s", file=sys.stderr)
+          continue
+        deferred = True   # a signal waits until this result is counted whole, and once
+        j, r = pool.result(ref)
+        if r is not None:   # not a segment gone back to the queue
+          if r.get("error"): summary[j.route].errors.append(f"{Path(j.src).name}: {r['error']}")
+          else:
+            summary[j.route].done += 1
+            summary[j.route].add(r)
+          reported.add(j.out)
+          bar.update()
         deferred = False
         if caught: raise KeyboardInterrupt
-        bar.update()
   except KeyboardInterrupt:
     if not caught: caught.append(signal.SIGINT)   # raised by on_signal, unless Python raised one of its own
-    for w in workers: ray.kill(w, no_restart=True)
+    for a in pool.actors if pool else (): ray.kill(a, no_restart=True)
     print(f"modeld-batch: interrupted ({signal.Signals(caught[0]).name}); complete segments are kept, --resume goes on from there", file=sys.stderr)
   finally:
     # a signal from here on is only noted: the job is complete, or stopping already
     deferred, t2, stopped = True, time.monotonic(), caught[0] if caught else None
     try: ray.shutdown()
     finally: sys.stdout = stdout
+    remove_partial(out)   # what lost workers and an interrupted run's left (each segment failed removes its own)
+    for route, why in pool.reruns if pool else ():
+      summary[route].rerun += 1
+      summary[route].rerun_why[why] = summary[route].rerun_why.get(why, 0) + 1
     if stopped:
-      remove_partial(out)
       for j in todo:   # completed as the job stopped, its result not yet in: done all the same (--resume skips it)
         if j.out not in reported and (Path(j.out) / "rlog.zst").is_file() and (r := segment_counts(j)) is not None:
           summary[j.route].done += 1
@@ -247,6 +253,7 @@ def report(summary: dict[str, RouteSummary], out: Path, times: dict[str, float],
                 f"{s.lost:5d} {s.model_s:8.1f} {s.wall_s:7.1f}")
     rows += [f"  failed: {e}" for e in s.errors] + [f"  lost {n}: {why}" for why, n in Counter(s.lost_why).most_common()]
     rows += [f"  not run in {n} segment(s): {why}" for why, n in Counter(s.unserved).most_common()]
+    rows += [f"  run again {n} time(s): {why}" for why, n in Counter(s.rerun_why).most_common()]
     if s.unrecorded: rows.append(f"  {s.unrecorded} resumed segment(s) without their counts (written by an older modeld-batch): not in frames and the rest")
   if interrupted:
     left = sum(s.segments - s.done - s.resumed - len(s.errors) for s in summary.values())
@@ -305,7 +312,7 @@ def cli(argv: list[str] | None) -> int:
     args = ap.parse_args(argv[1:])
     if args.top < 1: ap.error(f"--top: expected >= 1, got {args.top}")   # 0 would list no frame, and blank the worst frame's column too
     return diff(args)
-  ap = argparse.ArgumentParser(prog="modeld-batch", description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+  ap = argparse.ArgumentParser(prog="modeld-batch", description="The road and driver-monitoring models over every segment of many routes, on Ray.", epilog=HELP,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("routes", nargs="+", metavar="ROUTE", help="route folders or names, or segment folders; a route may end in a segment "
                   "range, as openpilot's identifiers do (ROUTE/2:4)")

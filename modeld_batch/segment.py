@@ -1,24 +1,19 @@
-"""One segment through the daemons' own frame code, on a Ray worker: the batch's unit of work.
-
-The segment is read by camerad's route source and its frames are written, numbered and timed by camerad's FrameWriter
-in lockstep: the same decoding, message order, camera states, frame ids (the log's up to its first gap, then
-consecutive per camera) and recorded timestamps a lockstep replay serves; a frame that cannot be written is skipped
-and counted, as camerad does. Frames go straight into host buffers of a layout the artifacts were built for
-(modelrt.artifact.stream_layouts); messages feed a SubMaster without sockets; each frame goes through modeld's RoadModel and
-dmonitoringd's DriverModel (runner, guard, copy-out, parse, fill), with fresh history at the segment's start. What a
-daemon would publish for a frame is taken in from the next frame on, as the daemons see each other's outputs (modeld
-reads dmonitoringd's isRHD). The outputs, the input camera states and the segment's EncodeIdx events go to
-<out>/rlog.zst on the source's clock (each frame's messages at the time its camera state was recorded), the videos are
-linked beside it (so modeld-overlay and camerad take the output as a route), all under a temporary name renamed when
-complete.
-"""
+"""One segment through the daemons' own frame code on a Ray worker: the batch's unit of work. It is read and framed as
+`camerad --lockstep` serves it (camerad's route source and FrameWriter), run through modeld's RoadModel and
+dmonitoringd's DriverModel from fresh history, and written to <out>/rlog.zst on the source's clock, the videos linked
+beside it, under a temporary name of the run's own renamed when complete. What equals what: docs/BATCH.md."""
 from __future__ import annotations
-import json, logging, math, os, shutil, time, traceback
+import glob, json, logging, math, os, shutil, time, traceback, uuid
 from pathlib import Path
 import ray
 
 log = logging.getLogger("modeld-batch")
 COUNTS = "counts.json"   # beside a segment's rlog.zst, renamed with it: its counts, for the summary of a run that resumes it
+
+def remove_temp_outputs(out: Path) -> None:
+  """What earlier runs of segment out left unfinished: each run writes under a name of its own (.<route>--<n>.<id>.tmp),
+  so one whose worker was taken for lost but still writes (on a shared file system) cannot write into another's."""
+  for tmp in out.parent.glob(f".{glob.escape(out.name)}.*tmp"): shutil.rmtree(tmp, ignore_errors=True)
 
 class Frame:
   """A decoded camera frame in a host buffer, with what a VisionIPC frame carries besides its memory."""
@@ -49,7 +44,9 @@ class Runners:
     return b
 
 def replay_segment(src: str, out: str, runners: Runners) -> dict:
-  """Run segment src through the daemons' frame models; returns its counts."""
+  """Run segment src through the daemons' frame models; returns its counts. Frames go into host buffers of a layout the
+  artifacts were built for, the recorded messages into a SubMaster without sockets; what a daemon publishes for a frame
+  is taken in from the next frame on, as the daemons see each other's outputs (modeld reads dmonitoringd's isRHD)."""
   from cereal import messaging
   from cereal.services import ANSWERS, CAMERA_STATE_SERVICES, CAMERAS, STREAM_OF_STATE, road_streams
   from camerad.sources import LogSource
@@ -73,9 +70,9 @@ def replay_segment(src: str, out: str, runners: Runners) -> dict:
   sm = messaging.SubMaster(sorted(set(RoadModel.SUBSCRIBES) | set(DriverModel.SUBSCRIBES)), addr=None)
   road = (streams := road_streams(set(layouts))) and RoadModel(runners.get('road', tuple(layouts[s] for s in streams)), streams[0], sm, stats, log)
   dm = DRIVER in layouts and DriverModel(runners.get('dm', (layouts[DRIVER],)), sm, stats, log)
-  final, tmp = Path(out), Path(out).parent / f".{Path(out).name}.tmp"
-  shutil.rmtree(tmp, ignore_errors=True)
-  tmp.mkdir(parents=True)
+  final = Path(out)
+  remove_temp_outputs(final)
+  (tmp := final.parent / f".{final.name}.{uuid.uuid4().hex[:8]}.tmp").mkdir(parents=True)
   for c in CAMERAS.values():
     if (v := Path(src) / c.video).is_file(): os.symlink(v.resolve(), tmp / c.video)
   # the output is on the source's clock, as the EncodeIdx events it copies: each frame's camera states and outputs at
@@ -134,10 +131,13 @@ class SegmentWorker:
   def __init__(self, artifacts: str):
     self.runners = Runners(artifacts)
 
-  def pid(self) -> int: return os.getpid()
+  def where(self) -> str:
+    """Its process and node: answered once the artifacts are loaded."""
+    return f"pid {os.getpid()} on {ray.util.get_node_ip_address()}"
 
   def replay(self, job: dict) -> dict:
     try: return replay_segment(job["src"], job["out"], self.runners)
-    except Exception as e:   # a corrupt or unreadable segment: reported, and the worker serves the next one
+    except Exception as e:   # a corrupt or unreadable segment: reported, its temporary output removed, the next one served
       log.error("%s: %s", job["src"], traceback.format_exc())
+      remove_temp_outputs(Path(job["out"]))
       return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
