@@ -10,7 +10,7 @@ from pathlib import Path
 from service import reader_left
 from service.extras import needs_extra
 
-HELP = """  modeld-batch ROUTE... --artifacts DIR --out DIR [--workers N] [--address ADDR] [--resume]
+HELP = """  modeld-batch ROUTE... --artifacts DIR --out DIR [--workers N] [--threads N] [--address ADDR] [--resume]
   modeld-batch diff OUT_A OUT_B [--top N]
 
 One Ray task per segment, served by long-lived actors (one per worker) that load the artifacts once, as a daemon does.
@@ -19,7 +19,7 @@ to OUT/<route>/<route>--<n>/rlog.zst, its counts beside it (counts.json), writte
 complete. A worker lost with its process or node costs the segment it ran a re-run, not the job. Ctrl-C and SIGTERM
 stop the job cleanly (exit 130, 143): --resume goes on from there. Before Ray starts, the artifacts' manifests are
 checked against each route's camera sizes. Without --address, ray.init() starts a local Ray with --workers workers
-(default: one per core); with it, the job joins that cluster, and ROUTE, --artifacts and --out
+(default: one per core, or per --threads cores); with it, the job joins that cluster, and ROUTE, --artifacts and --out
 must be paths every node reads, this machine included (a shared file system)."""
 
 # how long --address gets to accept a connection: ray.init() would retry an address where nothing listens for many
@@ -151,7 +151,8 @@ def run(args) -> int:
   if not todo:   # --resume after a complete run: nothing for Ray and the workers to start for
     report(summary, out, dict.fromkeys(("wall_s", "ray_s", "start_s", "job_s"), 0.))
     return 0
-  local = {} if args.address else {"num_cpus": args.workers or os.cpu_count() or 1, "include_dashboard": False}
+  local = {} if args.address else {"num_cpus": (args.workers or max(1, (os.cpu_count() or 1) // args.threads)) * args.threads,
+                                   "include_dashboard": False}
   # SIGTERM (kill, timeout, systemd) stops the job as Ctrl-C does. The first of either raises KeyboardInterrupt, unless
   # deferred (while a local Ray starts: ray.init() cut short leaves processes behind that ray.shutdown() does not know
   # of; while a finished segment is counted); later ones are only noted, so that nothing cuts the clean-up short
@@ -186,11 +187,16 @@ def run(args) -> int:
       signal.signal(signal.SIGTERM, on_signal)
     if caught: raise KeyboardInterrupt   # the signal that came while Ray started
     t_workers = time.monotonic()
-    n_workers = args.workers or int(ray.cluster_resources().get("CPU", 1))
-    print(f"ray: {'joined ' + args.address if args.address else 'local'}, {n_workers} workers in {t_workers - t_ray:.1f} s", file=sys.stderr)
+    cpus = [int(n["Resources"].get("CPU", 0)) for n in ray.nodes() if n["Alive"]]   # a worker's cores are on one node
+    if args.threads > max(cpus, default=0):
+      raise ValueError(f"--threads {args.threads}: a worker takes that many cores of one node, expected at most the {max(cpus, default=0)} "
+                       "of the cluster's largest")
+    n_workers = args.workers or max(1, sum(c // args.threads for c in cpus))
+    print(f"ray: {'joined ' + args.address if args.address else 'local'}, {n_workers} workers of {args.threads} core(s) in {t_workers - t_ray:.1f} s",
+          file=sys.stderr)
     # no restart by Ray, no retry of a call: a lost worker is replaced at once by a new one, wherever a core is free,
     # and the pool, not Ray, counts what its loss costs (Ray's retries all go to the dead worker's address)
-    pool = Pool(lambda: SegmentWorker.options(num_cpus=1, max_restarts=0, max_task_retries=0).remote(str(args.artifacts)),
+    pool = Pool(lambda: SegmentWorker.options(num_cpus=args.threads, max_restarts=0, max_task_retries=0).remote(str(args.artifacts), args.threads),
                 min(n_workers, len(todo)) or 1, list(todo), lambda line: tqdm.write(line, file=sys.stderr))
     with tqdm(total=len(jobs), initial=len(done), unit="segment", desc="modeld-batch", disable=args.quiet) as bar:
       while pool.queue or pool.pending:
@@ -318,14 +324,17 @@ def cli(argv: list[str] | None) -> int:
                   "range, as openpilot's identifiers do (ROUTE/2:4)")
   ap.add_argument("--artifacts", required=True, type=Path, help="artifact directory built by modeld-compile for the routes' camera layouts")
   ap.add_argument("--out", required=True, type=Path, help="output folder: OUT/<route>/<route>--<n>/rlog.zst and OUT/summary.json")
-  ap.add_argument("--workers", type=int, metavar="N", help="workers (actors), one core each (default: one per core of this machine, "
-                  "or of the cluster with --address)")
+  ap.add_argument("--workers", type=int, metavar="N", help="workers (actors), --threads cores each (default: as many as the cores of this "
+                  "machine, or of the cluster's nodes with --address, hold)")
+  ap.add_argument("--threads", type=int, default=1, metavar="N", help="cores per worker: Ray gives it N, and its models' kernels and "
+                  "video decoding run on N threads (default 1)")
   ap.add_argument("--address", metavar="ADDR", help="join this Ray cluster (e.g. auto, or ray://head:10001) instead of starting a local Ray")
   ap.add_argument("--device", help="tinygrad device of the workers (default: the artifact's)")
   ap.add_argument("--resume", action="store_true", help="skip segments whose output is complete")
   ap.add_argument("--quiet", action="store_true", help="no progress bar")
   args = ap.parse_args(argv)
   if args.workers is not None and args.workers < 1: ap.error(f"--workers: expected >= 1, got {args.workers}")
+  if args.threads < 1: ap.error(f"--threads: expected >= 1, got {args.threads}")
   try: return run(args)
   except (OSError, ValueError) as e:
     print(f"modeld-batch: {e}", file=sys.stderr)

@@ -24,9 +24,11 @@ class Frame:
 
 class Runners:
   """A worker's loaded artifacts: models loaded once, warps per camera layout as segments need them; and host buffers
-  per stream and layout, which outlive the tensors the runners keep over them."""
-  def __init__(self, artifacts: str):
+  per stream and layout, which outlive the tensors the runners keep over them. threads: how many threads replay each
+  model's kernels and decode each video."""
+  def __init__(self, artifacts: str, threads: int = 1):
     from modelrt.artifact import load_artifact
+    self.threads = threads
     self.arts = {f: load_artifact(artifacts, f) for f in ('road', 'dm')}
     for art in self.arts.values():   # ready to serve at speed, as a daemon after its warm-up (the warps: per layout, later)
       for m in art.models.values(): m.bind()
@@ -36,6 +38,7 @@ class Runners:
     from modelrt.runner import DMRunner, RoadRunner
     if (r := self.runners.get(key := (family, tuple(map(str, layouts))))) is None:
       r = self.runners[key] = (RoadRunner if family == 'road' else DMRunner)(self.arts[family], *layouts)
+      r.set_threads(self.threads)
     return r
 
   def buf(self, stream: int, layout):
@@ -60,7 +63,7 @@ def replay_segment(src: str, out: str, runners: Runners) -> dict:
   from oproute.video import ENCODE_IDX_OF, VideoError
   from oproute.writer import LogFile, init_data
   t0 = time.monotonic()
-  source = LogSource([src], decode_threads=1)   # a worker keeps to its core: the job scales by workers
+  source = LogSource([src], decode_threads=runners.threads)   # a worker keeps to its cores (--threads): the job scales by workers
   # a camera without its video file runs without its model (openpilot writes dcamera.hevc only with RecordFront on);
   # one whose file is there but cannot be served is a damaged segment
   if damaged := {c: why for c, why in source.unserved.items() if (Path(src) / CAMERAS[c].video).exists()}:
@@ -128,8 +131,8 @@ def replay_segment(src: str, out: str, runners: Runners) -> dict:
 @ray.remote
 class SegmentWorker:
   """Holds a worker's loaded artifacts and replays segments, one at a time, as a daemon serves frames."""
-  def __init__(self, artifacts: str):
-    self.runners = Runners(artifacts)
+  def __init__(self, artifacts: str, threads: int = 1):
+    self.runners = Runners(artifacts, threads)
 
   def where(self) -> str:
     """Its process and node: answered once the artifacts are loaded."""

@@ -375,6 +375,13 @@ def test_resume_with_everything_done_starts_nothing(routes, tiny_artifacts, one_
   assert r.returncode == 0 and (s["resumed"], s["unrecorded"], s["frames"]) == (1, 1, 0), (r.stderr, s)
   assert "1 resumed segment(s) without their counts" in r.stdout, r.stdout
 
+def test_threads_give_the_same_outputs(routes, tiny_artifacts, one_segment, tmp_path):
+  """--threads 2: a worker of two cores, its models' kernel launches and its decoding shared out to two threads, writes
+  the same messages and counts as a worker of one (one_segment)."""
+  r = batch(f"{routes[1]}/-1", "--artifacts", tiny_artifacts, "--out", tmp_path / "out", "--workers", 1, "--threads", 2)
+  assert r.returncode == 0 and "1 workers of 2 core(s)" in r.stderr, r.stderr
+  assert_same_output(tmp_path / "out", one_segment)
+
 def to_closed_pipe(*args: object, buffered: bool) -> subprocess.CompletedProcess:
   """modeld-batch with its stdout a pipe whose reader is gone before it writes (`| head` that has read enough).
   buffered: stdout buffered, as Python has it on a pipe (the error comes when the buffer is written, at the latest at
@@ -631,3 +638,11 @@ def test_a_node_lost_while_the_workers_start_fails_nothing(cluster, cluster_run,
   summary = json.loads((tmp_path / "out" / "summary.json").read_text())
   assert [(s["done"], s["errors"], s["rerun"]) for s in summary["routes"]] == [(2, [], 0)] * 2, summary
   assert_same_output(tmp_path / "out", cluster_run)
+
+def test_more_threads_than_a_node_has_cores_is_refused(cluster, node_loss_routes, tiny_artifacts, tmp_path):
+  """--threads 2 on a cluster whose nodes have one core each: no node could ever start such a worker, so the job exits
+  1 at once, naming the largest node's cores, instead of waiting for one forever."""
+  r = batch(*node_loss_routes, "--artifacts", tiny_artifacts, "--out", tmp_path / "out", "--address", cluster.address, "--threads", 2,
+            env=cluster.env, timeout=120)
+  assert r.returncode == 1 and "--threads 2: a worker takes that many cores of one node, expected at most the 1 " in r.stderr, r.stderr
+  assert not list((tmp_path / "out").rglob("*--*")), "no segment should have started"
