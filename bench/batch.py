@@ -1,18 +1,9 @@
 #!/usr/bin/env python3
-"""Batch benchmark: modeld-batch on a local Ray with 1 worker, then 2, over the same routes, in one run.
+"""Batch benchmark: modeld-batch on a local Ray with 1 worker, then 2, over the same routes of the shipped synthetic
+scene, alternating, --repeats times each (the median counts): segments/min over the segments' time, the start-ups, each
+worker's frames/s beside the bare replays of both models, and the 2-worker/1-worker ratio (docs/BATCH.md).
 
-Writes routes of the shipped synthetic scene (road, wide road and driver at 1928x1208, HEVC) with the project's
-route writer, builds the reference artifact for their buffers, then runs `modeld-batch` with 1 and with 2 workers,
-alternating, `--repeats` times each (a shared host's load moves one run by 20%; the median of each is what counts). It
-prints segments/min of each setting (over the segments' time: from the workers ready to the last result, from its summary), the start-up
-before it (Ray's own, then the workers': processes started, artifacts loaded), the frames/s each worker
-served (frames over the sum of the segments' times on their workers: decoding, both models, the messages, the log)
-next to the bare replays of both models in this process, and last the 2-worker/1-worker ratio (target on a 2-core
-machine: at least 1.7), and the same ratio over the whole runs, start-ups included (they do not shrink with more
-workers, so on routes this short they weigh; on a night's job they do not).
-
-usage: bench/batch.py [--routes 3] [--segments 2] [--frames 40] [--repeats 3]
-"""
+usage: bench/batch.py [--routes 3] [--segments 2] [--frames 40] [--repeats 3]"""
 import argparse, json, os, pathlib, subprocess, sys, tempfile, time
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
