@@ -6,15 +6,16 @@ q80, 640 wide) against raw full-size RGB, per frame.   usage: bench/view.py [--s
 import argparse, os, pathlib, re, signal, subprocess, sys, time, uuid
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
-os.environ['OPENPILOT_PREFIX'] = f"benchview{uuid.uuid4().hex[:8]}"
 import numpy as np
 from bench.daemons import pace, proc_stats
+os.environ['OPENPILOT_PREFIX'] = f"benchview{uuid.uuid4().hex[:8]}"   # after bench.daemons, which sets its own
 from camerad.render import SceneRenderer
 from camerad.scene import parse_scene
 from cereal import messaging
 from cereal.services import CAMERAS
 from modeld_tools.demo import DEMO_SCENE
 from modelrt.constants import T_IDXS, X_IDXS
+from msgq import remove_stack
 from msgq.visionipc import NV12Layout
 from tests.daemon_harness import Camera
 
@@ -84,7 +85,10 @@ def main() -> None:
       v, s, pics = res[name]
       print(f"  {name:30s} modeld-view {v:5.2f} core, rerun's server {s:5.2f} core; {pics * 100:3.0f} % of the frames logged, "
             f"{v / (pics * 60) * 1e3:5.1f} ms of CPU per frame: {v / pics:4.2f} core for all", flush=True)
-  finally: cam.close()
+  finally:
+    cam.close()
+    pm.close()
+    remove_stack()   # this run's sockets
   print(f"load average {os.getloadavg()[0]:.2f}")
   base, new = (res[k][0] / res[k][2] for k in ('raw, full size', 'JPEG q80, 640 wide (default)'))
   print(f"ratio: modeld-view's CPU per frame logged, default / raw full size = {new / base:.2f}")
