@@ -30,10 +30,12 @@ KEEP_EOF = 100         # end-of-frame times kept per camera (a driver output's f
 BIND = '127.0.0.1'     # every server this tool starts listens here only: a remote viewer comes through an SSH tunnel
 GRPC_PORT, WEB_PORT = 9876, 9090   # rerun's own defaults
 START_TIMEOUT = 20.    # s for a viewer or web server started here to listen
-SERIES = {'timing/execution_ms/modelV2': 'modelV2 execution (ms)', 'timing/execution_ms/driverStateV2': 'driverStateV2 execution (ms)',
-          'timing/frame_age_ms/modelV2': 'modelV2 frame age (ms)', 'timing/frame_age_ms/driverStateV2': 'driverStateV2 frame age (ms)',
-          'timing/frameDropPerc': 'frameDropPerc (%)', 'speed/vEgo': 'vEgo (carState)', 'speed/model': 'model velocity',
-          'speed/lead': 'lead (prob >= 0.5)', 'monitoring/awareness': 'awareness'}
+POLL_S = 0.005         # live: an idle look at the sockets waits this long before the next
+SERIES = {'timing/modelV2': ['modelV2 execution (ms)', 'modelV2 frame age (ms)', 'frameDropPerc (%)'],   # several series an entity: one log call
+          'timing/driverStateV2': ['driverStateV2 execution (ms)', 'driverStateV2 frame age (ms)'],
+          'speed/model': ['model velocity', 'lead (prob >= 0.5)'], 'speed/vEgo': ['vEgo (carState)'], 'monitoring/awareness': ['awareness'],
+          'monitoring/driver': ['face prob', 'blink prob', 'phone prob'], 'model/meta': ['engagedProb', 'brake disengage', 'gas disengage', 'steer override'],
+          'model/desire': [f"desire {DESIRES.get(i, i)}" for i in range(DESIRE_LEN)]}
 
 class View:
   """Logs pictures and messages into a rerun recording. Outputs are projected into each camera's picture (downscaled
@@ -84,10 +86,10 @@ class View:
     else: self.rec.log(f'{camera}/image', rr.Image(rgb))
     self.counts[camera] += 1
 
-  def scalar(self, path: str, v: float | list[float], names: list[str] | None = None) -> None:
-    """A time series point (or one of several series at once, named by names: one log call, not one each)."""
+  def scalar(self, path: str, v: float | list[float]) -> None:
+    """A point of each of the entity's series (SERIES names them; NaN: none this time)."""
     if path not in self.named:
-      self.rec.log(path, rr.SeriesLines(names=names or SERIES.get(path, path.rsplit('/', 1)[-1])), static=True)
+      self.rec.log(path, rr.SeriesLines(names=SERIES[path]), static=True)
       self.named.add(path)
     self.rec.log(path, rr.Scalars(v))
 
@@ -125,18 +127,17 @@ class View:
                                                   colors=[prob_colour(box.prob)], labels=[f"{box.x:.0f} m  {box.prob:.2f}"]))
       else: self.rec.log(f'{camera}/lead', rr.Clear(recursive=False))
     self.at(md.frameId, t)
-    self.scalar('timing/execution_ms/modelV2', md.modelExecutionTime * 1e3)
-    if md.timestampEof: self.scalar('timing/frame_age_ms/modelV2', (t - md.timestampEof) / 1e6)
-    self.scalar('timing/frameDropPerc', md.frameDropPerc)
-    if len(md.velocity.x): self.scalar('speed/model', md.velocity.x[0])
+    age = (t - md.timestampEof) / 1e6 if md.timestampEof else np.nan
+    self.scalar('timing/modelV2', [md.modelExecutionTime * 1e3, age, md.frameDropPerc])
     lead = md.leadsV3[0] if len(md.leadsV3) and len(md.leadsV3[0].x) else None
-    if lead is not None and lead.prob >= 0.5 and len(lead.v): self.scalar('speed/lead', lead.v[0])
+    self.scalar('speed/model', [md.velocity.x[0] if len(md.velocity.x) else np.nan,
+                                lead.v[0] if lead is not None and lead.prob >= 0.5 and len(lead.v) else np.nan])
     meta, ds = md.meta, list(md.meta.desireState)
-    if len(ds) == DESIRE_LEN: self.scalar('model/desire', ds, [f"desire {DESIRES.get(i, i)}" for i in range(DESIRE_LEN)])
+    if len(ds) == DESIRE_LEN: self.scalar('model/desire', ds)
     dp = meta.disengagePredictions
     first = lambda xs: f"{xs[0]:.2f}" if len(xs) else '-'
     probs = [xs[0] if len(xs := getattr(dp, n)) else np.nan for n in ('brakeDisengageProbs', 'gasDisengageProbs', 'steerOverrideProbs')]
-    self.scalar('model/meta', [meta.engagedProb, *probs], ['engagedProb', 'brake disengage', 'gas disengage', 'steer override'])
+    self.scalar('model/meta', [meta.engagedProb, *probs])
     desire = max(range(len(ds)), key=ds.__getitem__) if ds else None
     rows = [('frame', f"{md.frameId} (wide {md.frameIdExtra})"), ('confidence', str(md.confidence)),
             ('lane lines', ' '.join(f"{p:.2f}" for p in md.laneLineProbs)),
@@ -152,8 +153,8 @@ class View:
   def driver(self, ds, t: int) -> None:
     self.driver_fid, self.ds = ds.frameId, ds
     self.at(ds.frameId, t)
-    self.scalar('timing/execution_ms/driverStateV2', ds.modelExecutionTime * 1e3)
-    if (eof := self.eof['driver'].get(ds.frameId)) is not None: self.scalar('timing/frame_age_ms/driverStateV2', (t - eof) / 1e6)
+    eof = self.eof['driver'].get(ds.frameId)
+    self.scalar('timing/driverStateV2', [ds.modelExecutionTime * 1e3, np.nan if eof is None else (t - eof) / 1e6])
     _, d = driver_data(ds, self.dms)
     px = (cam := self.cam('driver')).width / REF_WIDTH
     if (f := face(d, cam)) is not None:
@@ -164,7 +165,7 @@ class View:
     else:
       self.rec.log('driver/face', rr.Clear(recursive=False))
       self.rec.log('driver/eyes', rr.Clear(recursive=False))
-    self.scalar('monitoring/driver', [d.faceProb, (d.leftBlinkProb + d.rightBlinkProb) / 2, d.phoneProb], ['face prob', 'blink prob', 'phone prob'])
+    self.scalar('monitoring/driver', [d.faceProb, (d.leftBlinkProb + d.rightBlinkProb) / 2, d.phoneProb])
     if self.dms is None: self.states()   # no dmonitoringd policy (yet): the model's states alone
 
   def monitoring(self, dms, t: int) -> None:
@@ -301,10 +302,9 @@ def served(name: str) -> list[str]:
 def log_live(view: View, name: str, until: float | None, stop) -> None:
   """A running stack until `until` (monotonic) or stop: each camera's newest frame (conflating VisionIPC clients: the
   camera never waits for this tool) and every message of SERVICES."""
-  from cereal.messaging import MalformedMessageError, Poller, log_from_bytes, sub_sock
+  from cereal.messaging import MalformedMessageError, log_from_bytes, sub_sock
   from msgq.visionipc import VisionIpcClient
-  poller = Poller()
-  socks = [sub_sock(s, poller=poller) for s in SERVICES]
+  socks = [sub_sock(s) for s in SERVICES]
   clients: dict[str, VisionIpcClient] = {}
   connected, next_look = set(), 0.
   try:
@@ -320,16 +320,19 @@ def log_live(view: View, name: str, until: float | None, stop) -> None:
           print(f"{PROG}: {f'connected to {name!r}: ' + ', '.join(sorted(connected)) if connected else f'no camera server {name!r}'} "
                 f"(OPENPILOT_PREFIX={os.environ.get('OPENPILOT_PREFIX', '')!r})", file=sys.stderr, flush=True)
         next_look = time.monotonic() + 1.
+      idle = True
       for cam, c in clients.items():
         if c.is_connected() and (buf := c.recv(timeout_ms=0)) is not None:
-          full = (buf.width, buf.height)
+          full, idle = (buf.width, buf.height), False
           rgb = nv12_to_rgb(buf.array, buf.layout, view.size(full))
           if not buf.overwritten(): view.picture(cam, buf.frame_id, buf.timestamp_eof, rgb, full)   # a torn frame is not shown
           del buf
-      for sock in poller.poll(10):
+      for sock in socks:
         while (dat := sock.receive(non_blocking=True)) is not None:
+          idle = False
           try: view.event(log_from_bytes(dat))
           except MalformedMessageError: view.counts['malformed'] += 1
+      if idle: time.sleep(POLL_S)   # a Poller's wake-ups cost more CPU than looking at each socket every few ms
   finally:
     for c in clients.values(): c.close()
     for s in socks: s.close()

@@ -81,8 +81,8 @@ def near_polyline(p, strip) -> float:
   return float(np.min(np.linalg.norm(a + t * (b - a) - p, axis=1)))
 
 ENTITIES = {'/road/image', '/road/lanes', '/road/edges', '/road/path', '/road/lead', '/driver/image', '/driver/face', '/driver/eyes',
-            '/text/model', '/text/driver', '/timing/execution_ms/modelV2', '/timing/execution_ms/driverStateV2', '/timing/frameDropPerc',
-            '/speed/vEgo', '/speed/lead', '/monitoring/awareness', '/monitoring/driver', '/model/meta'}
+            '/text/model', '/text/driver', '/timing/modelV2', '/timing/driverStateV2', '/speed/vEgo', '/speed/model', '/monitoring/awareness',
+            '/monitoring/driver', '/model/meta'}
 
 def test_route_to_rrd(stack, tmp_path):
   out = tmp_path / 'route.rrd'
