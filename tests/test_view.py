@@ -195,3 +195,17 @@ def test_errors(stack, tmp_path, monkeypatch, capsys):
     got = (1, e.value.code) if isinstance(e.value.code, str) else (e.value.code, capsys.readouterr().err)   # exit 1 with a message, or a usage error
     assert got[0] == code and says in got[1], (argv, got)
   assert not (tmp_path / 'x.rrd').exists()
+
+def test_batch_output(stack, tmp_path, capsys):
+  """A modeld-batch output (OUT/<route>/<route>--<n>/) holding one route is that route; holding two, they are named."""
+  from modeld_tools.view import main
+  out = tmp_path / 'runs'
+  def route(name: str) -> None:   # the stack's route, as modeld-batch names its output: OUT/<route>/<route>--<n>
+    shutil.copytree(stack['route'], out / name)
+    for seg in (out / name).iterdir(): seg.rename(seg.with_name(f"{name}--{seg.name.rsplit('--', 1)[1]}"))
+  route('r1')
+  r = subprocess.run([BIN / 'modeld-view', out, '--save', tmp_path / 'b.rrd'], capture_output=True, text=True, timeout=60)
+  assert r.returncode == 0 and f"80 pictures (road 40, driver 40), {N_FRAMES} modelV2" in r.stdout, r.stderr
+  route('r2')
+  with pytest.raises(SystemExit) as e: main([str(out), '--save', str(tmp_path / 'c.rrd')])
+  assert e.value.code == 2 and 'holds 2 routes (r1, r2): name one' in capsys.readouterr().err
