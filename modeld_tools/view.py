@@ -1,7 +1,7 @@
 """modeld-view: what the models see, on rerun, live from a stack or from a route: each camera's picture with the model's
 path, lane lines, road edges and lead projected in (projection.py), the driver's face and states, desire and meta, time
 series of latency, drops, speeds and awareness, on timelines by frame id and by log time (mono_time, from the route's
-start). Pictures are downscaled and JPEG-encoded: the viewer's cost stays bounded (README.md: as measured)."""
+start). Pictures are downscaled and JPEG-encoded: the viewer's cost stays bounded (docs/VIEW.md: as measured)."""
 from __future__ import annotations
 import argparse, io, os, socket, subprocess, sys, tempfile, time
 from collections import Counter
