@@ -1,4 +1,16 @@
-"""modeld-demo: the whole service on a synthetic scene, live in the terminal, compared with the scene's ground truth.
+"""modeld-demo: the whole service on a synthetic scene, live in the terminal, compared with the scene's ground truth:
+the artifacts built (skipped when unchanged), camerad, modeld, dmonitoringd and modeld-record started on a private
+OPENPILOT_PREFIX, their outputs shown against the truth of each frame, then a summary and an overlay MP4."""
+from __future__ import annotations
+import argparse, ctypes, json, math, os, signal, subprocess, sys, time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+import numpy as np
+from service.extras import needs_extra
+
+HELP = """modeld-demo: the whole service on a synthetic scene, live in the terminal, compared with the scene's ground truth.
 
 Builds the default artifacts (modeld-compile --reference, skipped when unchanged; artifacts built from ONNX files in
 that folder are used as they are), then starts camerad (every camera
@@ -9,14 +21,6 @@ state, execution times, rates and drops. Ctrl-C or --seconds ends it: SIGTERM to
 that has not exited in time, the prefix's socket directory removed; then a summary, and an overlay MP4 of the
 recorded route (modeld-overlay) whose path is printed last.
 """
-from __future__ import annotations
-import argparse, ctypes, json, math, os, signal, subprocess, sys, time
-from collections import deque
-from dataclasses import dataclass, field
-from datetime import datetime
-from pathlib import Path
-import numpy as np
-from service.extras import needs_extra
 
 # the default scene: 12 s that repeat seamlessly (every track has period 12 s), so camerad loops it and frame f shows
 # scene frame f % 240: a curve; a lead that appears, then closes in and falls back on the straight (a near lead on a
@@ -44,7 +48,7 @@ RATE_WINDOW = 2.                    # s of arrivals a rate is measured over
 OVERLAY_FRAMES = 120                # at most: one pass of the scene, re-rendered per frame
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-  ap = argparse.ArgumentParser(prog='modeld-demo', description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+  ap = argparse.ArgumentParser(prog='modeld-demo', description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
                                epilog="""examples:
   modeld-demo                              the default scene until Ctrl-C
   modeld-demo --scene lead_braking --seconds 20

@@ -1,17 +1,7 @@
 """modeld-overlay: draw model outputs onto camera frames, from a recorded route or a live stack, as PNGs or an MP4.
-
-Road and wide cameras: lane lines (colour and width by probability), road edges, the planned path, the lead (a box
-of a car's size at its distance, with its probability) and a panel with frame id, execution time, drops and the
-model's confidence. Driver camera: the face box and eye state of the driver's side, phone and awareness.
-
-Every point is projected by projection.py, with transformations (camera_from_calib for the road, dm_warp_matrix for the
-driver) and the calibration in force (liveCalibration), the same geometry the daemons and the synthetic scenes use.
-
-Background of a recorded frame: the route's video of that camera when it was recorded; otherwise the synthetic scene
-given with --scene (frame id = scene frame, as camerad serves it); otherwise a blank canvas of the camera sensor's size.
-Frames are drawn by frame id: in a route whose camera restarted (ids from 0 again) an id's later outputs are drawn,
-over its first picture; draw such a route in parts (segment ranges) that do not repeat ids.
-"""
+Road and wide cameras: lane lines and edges (by probability), the planned path, the lead's box at its distance and a
+panel of timings, drops and confidence; the driver camera: the face box, eyes, phone and awareness. Every point is
+projected by projection.py with the calibration in force, the geometry the daemons and the synthetic scenes use."""
 from __future__ import annotations
 import argparse, os, sys, time
 from dataclasses import dataclass
@@ -282,7 +272,11 @@ class Writer:
 @needs_extra('modeld-overlay', 'tools')   # PyAV, zstandard and tqdm: imported as they are needed
 def main(argv: list[str] | None = None) -> int:
   p = argparse.ArgumentParser(prog='modeld-overlay', formatter_class=argparse.RawDescriptionHelpFormatter,
-                              description='Draw model outputs onto camera frames, from a recorded route or a live stack.',
+                              description='Draw model outputs onto camera frames, from a recorded route or a live stack.\n\n'
+                                          "A recorded frame's background: the route's video of that camera where it was recorded; otherwise the synthetic" '\n'
+                                          "scene --scene names (frame id = scene frame, as camerad serves it); otherwise a blank canvas of the sensor's" '\n'
+                                          "size. Frames are drawn by frame id: in a route whose camera restarted (ids from 0 again) an id's later outputs" '\n'
+                                          'are drawn over its first picture; draw such a route in parts (segment ranges) that do not repeat ids.',
                               epilog="""examples:
   modeld-overlay routes/2026-11-30--04-00-00 --out overlay.mp4            the route's road camera, as an MP4
   modeld-overlay ROUTE --camera driver --frames 40 --out frames/           40 PNGs of the driver camera

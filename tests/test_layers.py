@@ -82,3 +82,12 @@ def test_root_holds_only_the_known_layout():
   stray = sorted({f.split("/")[0] for f in tracked} - known)
   assert not stray, f"files at the root outside the known layout: {stray}; .gitignore what a run writes, or add a " \
                     "new entry to ROOT (and to docs/ARCHITECTURE.md)"
+
+def test_module_docstrings_are_brief():
+  """A module's docstring says what and why in at most 5 lines; figures go to docs/, history to the commit messages."""
+  long = []
+  for name, path in sorted(modules().items()):
+    body = ast.parse(path.read_text(), str(path)).body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+      if (n := body[0].end_lineno - body[0].lineno + 1) > 5: long.append(f"{path.relative_to(REPO)}: {n} lines")
+  assert not long, f"module docstrings over 5 lines: {long}"
