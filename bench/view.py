@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """modeld-view's CPU cost live, at 20 Hz with three cameras (the demo's 1928x1208 scene served by this process, with
-outputs from its truth), per picture mode: its CPU and its rerun server's as fractions of a core, the share of frames it
-logged (a viewer that cannot keep up skips some), its CPU per frame and what every frame takes; last, the default (JPEG
-q80, 640 wide) against raw full-size RGB, per frame.   usage: bench/view.py [--seconds 10]"""
+outputs from its truth), per picture mode, the modes interleaved over --rounds: its CPU and its rerun server's as
+fractions of a core, the share of frames it logged (a viewer that cannot keep up skips some), its CPU per frame and what
+every frame takes; last, the default (NV12 decimated) against the others, per frame.   usage: bench/view.py [--seconds 8]"""
 import argparse, os, pathlib, re, signal, subprocess, sys, time, uuid
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
@@ -19,7 +19,9 @@ from msgq import remove_stack
 from msgq.visionipc import NV12Layout
 from tests.daemon_harness import Camera
 
-MODES = {'raw, full size': ['--width', '0', '--quality', '0'], 'JPEG q80, full size': ['--width', '0'], 'JPEG q80, 640 wide (default)': []}
+DEFAULT = 'NV12, 642 wide (default)'
+MODES = {'raw RGB, full size': ['--width', '0', '--quality', '0'], 'JPEG q80, full size': ['--width', '0', '--quality', '80'],
+         'JPEG q80, 640 wide (--quality 80)': ['--quality', '80'], DEFAULT: []}
 SETTLE_S = 3
 
 def outputs(pm: messaging.PubMaster, scene, fid: int) -> None:
@@ -69,29 +71,36 @@ def run(mode: list[str], cam: Camera, pm, scene, seconds: float) -> tuple[float,
 
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-  ap.add_argument('--seconds', type=float, default=10., help='measured seconds per mode (after 3 s of settling)')
+  ap.add_argument('--seconds', type=float, default=8., help='measured seconds per mode and round (after 3 s of settling)')
+  ap.add_argument('--rounds', type=int, default=2, help='rounds of all the modes, one after the other (default: 2)')
   args = ap.parse_args()
   scene = parse_scene(DEMO_SCENE, 'demo')
   layouts = {c: NV12Layout.packed(scene.cameras[c].width, scene.cameras[c].height) for c in ('road', 'wide', 'driver')}
   cam = Camera({CAMERAS[c].stream: l for c, l in layouts.items()}, sensor=scene.sensor)
   for c, l in layouts.items(): cam.images[CAMERAS[c].stream] = np.array(SceneRenderer(scene, c, l).render(60))
   pm = messaging.PubMaster(['modelV2', 'driverStateV2', 'driverMonitoringState', 'liveCalibration'])
-  print(f"modeld-view --live --web, 20 Hz, road + wide + driver at {layouts['road'].width}x{layouts['road'].height}, {args.seconds:g} s per mode; "
-        f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-  res = {}
+  print(f"modeld-view --live --web, 20 Hz, road + wide + driver at {layouts['road'].width}x{layouts['road'].height}, {args.seconds:g} s per mode, "
+        f"{args.rounds} rounds; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+  res: dict[str, list] = {name: [] for name in MODES}
   try:
-    for name, mode in MODES.items():
-      res[name] = run(mode, cam, pm, scene, args.seconds)
-      v, s, pics = res[name]
-      print(f"  {name:30s} modeld-view {v:5.2f} core, rerun's server {s:5.2f} core; {pics * 100:3.0f} % of the frames logged, "
-            f"{v / (pics * 60) * 1e3:5.1f} ms of CPU per frame: {v / pics:4.2f} core for all", flush=True)
+    for r in range(args.rounds):
+      for name, mode in MODES.items():
+        res[name].append(v_s_pics := run(mode, cam, pm, scene, args.seconds))
+        print(f"  round {r + 1}: {name:26s} " + row(*v_s_pics), flush=True)
   finally:
     cam.close()
     pm.close()
     remove_stack()   # this run's sockets
-  print(f"load average {os.getloadavg()[0]:.2f}")
-  base, new = (res[k][0] / res[k][2] for k in ('raw, full size', 'JPEG q80, 640 wide (default)'))
-  print(f"ratio: modeld-view's CPU per frame logged, default / raw full size = {new / base:.2f}")
+  print(f"load average {os.getloadavg()[0]:.2f}; over the {args.rounds} rounds:")
+  mean = {name: np.mean(rs, 0) for name, rs in res.items()}
+  for name, m in mean.items(): print(f"  {name:35s} " + row(*m))
+  per_frame = {name: v / pics for name, (v, _, pics) in mean.items()}
+  print('ratios, modeld-view\'s CPU per frame logged: ' + ', '.join(f"default / {name} = {per_frame[DEFAULT] / c:.2f}"
+                                                                    for name, c in per_frame.items() if name != DEFAULT))
+
+def row(v: float, s: float, pics: float) -> str:
+  return (f"modeld-view {v:5.2f} core, rerun's server {s:5.2f} core; {pics * 100:3.0f} % of the frames logged, "
+          f"{v / (pics * 60) * 1e3:5.1f} ms of CPU per frame: {v / pics:4.2f} core for all")
 
 if __name__ == '__main__':
   main()

@@ -53,7 +53,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
   modeld-demo                              the default scene until Ctrl-C
   modeld-demo --scene lead_braking --seconds 20
   modeld-demo --seconds 10 --no-overlay    a quick check that everything runs
-  modeld-demo --view                       with modeld-view beside it (rerun: camera pictures, projected outputs, time series)""")
+  modeld-demo --view                       with modeld-view beside it (rerun: camera pictures, projected outputs, time series)
+  modeld-demo --view-save demo.rrd         what modeld-view would show, written to demo.rrd (open it later: rerun demo.rrd)""")
   ap.add_argument('--scene', default='demo', help="synthetic scene: 'demo' (the default, built in), a shipped scene name "
                   "(straight, curve, lead_braking, lane_change, driver_distracted, driver_blinking) or a scene file; it loops")
   ap.add_argument('--seconds', type=float, metavar='N', help="stop N seconds after the first outputs (default: run until Ctrl-C)")
@@ -65,8 +66,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
   ap.add_argument('--no-overlay', action='store_true', help="do not render the overlay MP4 at the end")
   ap.add_argument('--view', action='store_true', help="watch the stack in modeld-view (pip install 'tinymodeld[view]'): rerun's "
                   "native viewer where there is a display, else its web viewer on 127.0.0.1, whose URL is shown")
+  ap.add_argument('--view-save', metavar='FILE.rrd', type=Path, help="modeld-view writes what it shows to FILE.rrd (open it later: "
+                  "rerun FILE.rrd) instead of showing it; implies --view")
   args = ap.parse_args(argv)
   if args.seconds is not None and args.seconds <= 0: ap.error(f"--seconds: expected > 0, got {args.seconds}")
+  args.view = args.view or args.view_save is not None
   if args.fps is not None and not 0 < args.fps <= 100: ap.error(f"--fps: expected 0 < F <= 100, got {args.fps}")
   args.out = Path(args.out or Path('out') / f"demo-{datetime.now():%Y-%m-%d--%H-%M-%S}")
   return args
@@ -355,8 +359,9 @@ def main(argv: list[str] | None = None) -> int:
     viewer = ''
     if args.view:   # stopped with the recorder; the native viewer it opens stays open
       web = not (os.environ.get('DISPLAY') or os.environ.get('WAYLAND_DISPLAY'))
-      children.append(Child('view', 'modeld_tools.view', ['--live', *(['--web'] if web else [])], env, logdir))
-      viewer = web_url(GRPC_PORT, WEB_PORT) if web else "rerun's native viewer"
+      where = ['--save', str(args.view_save)] if args.view_save else ['--web'] if web else []
+      children.append(Child('view', 'modeld_tools.view', ['--live', *where], env, logdir))
+      viewer = str(args.view_save) if args.view_save else web_url(GRPC_PORT, WEB_PORT) if web else "rerun's native viewer"
     print(f"modeld-demo: started {', '.join(f'{c.name} (pid {c.proc.pid})' for c in children)} with OPENPILOT_PREFIX={prefix}; "
           f"logs in {logdir}; {f'stops after {args.seconds:g} s of outputs or on Ctrl-C' if args.seconds else 'Ctrl-C stops'}"
           f"{f'; viewer: {viewer}' if viewer else ''}", flush=True)

@@ -2,7 +2,7 @@
 
 Road outputs go through transformations.camera's camera_from_calib with the calibration in force, driver outputs
 through transformations.model's dm_warp_matrix: the geometry the daemons and the synthetic scenes use. A camera config
-of a scaled picture (camera_for at the picture's size) gives that picture's pixels."""
+of a scaled picture (Scaled: the stream's, scaled and shifted) gives that picture's pixels."""
 from __future__ import annotations
 import functools
 from dataclasses import dataclass
@@ -39,6 +39,36 @@ def nv12_to_rgb(buf: np.ndarray, layout: NV12Layout, size: tuple[int, int] | Non
   if size is None or size == (layout.width, layout.height): return f.to_ndarray(format='rgb24')
   # one thread: FFmpeg's own slice threads cost half as much CPU again as the scaling itself, for a frame this small
   return f.reformat(width=size[0], height=size[1], format='rgb24', interpolation='FAST_BILINEAR', threads=1).to_ndarray()
+
+def decimation(full: tuple[int, int], k: int) -> tuple[int, int, int]:
+  """(width, height, first pixel) of a stream of size `full` decimated by k: every k-th pixel of every k-th row from
+  the first, the middle of its k x k block, at most full // k (even: NV12)."""
+  return full[0] // k // 2 * 2, full[1] // k // 2 * 2, (k - 1) // 2
+
+def nv12_decimate(buf: np.ndarray, layout: NV12Layout, k: int) -> np.ndarray:
+  """A packed NV12 picture of an NV12 buffer of `layout` decimated by k (decimation() gives its size), from the Y and
+  UV planes by numpy: no scaler, no colour conversion (the viewer converts it). A copy: the buffer may be reused."""
+  w, h, o = decimation((layout.width, layout.height), k)
+  y, uv = layout.y_uv(buf)
+  out = np.empty(w * h * 3 // 2, np.uint8)
+  out[:w * h].reshape(h, w)[:] = y[o:o + h * k:k, o:o + w * k:k]
+  c = round((o + k / 2 - 0.5) / 2)   # the chroma sample nearest the middle of the picture's 2x2 block
+  out[w * h:].reshape(h // 2, w // 2, 2)[:] = uv[c::k, c::k][:h // 2, :w // 2]
+  return out
+
+@dataclass(frozen=True)
+class Scaled(CameraConfig):
+  """The geometry of a picture made from a camera's stream (base): a stream pixel (u, v) is the picture's
+  (u * sx + tx, v * sy + ty); width and height are the picture's."""
+  base: CameraConfig | None = None
+  sx: float = 1.
+  sy: float = 1.
+  tx: float = 0.
+  ty: float = 0.
+
+  @property
+  def intrinsics(self) -> np.ndarray:
+    return (np.array([[self.sx, 0, self.tx], [0, self.sy, self.ty], [0, 0, 1]]) @ self.base.intrinsics).astype(np.float32)
 
 def prob_colour(p: float) -> tuple[int, int, int]:
   """Red at 0, yellow at 0.5, green at 1."""

@@ -1,7 +1,7 @@
 """modeld-view: what the models see, on rerun, live from a stack or from a route: each camera's picture with the model's
 path, lane lines, road edges and lead projected in (projection.py), the driver's face and states, desire and meta, time
 series of latency, drops, speeds and awareness, on timelines by frame id and by log time (mono_time, from the route's
-start). Pictures are downscaled and JPEG-encoded: the viewer's cost stays bounded (docs/VIEW.md: as measured)."""
+start). Pictures are downscaled: live, the camera's NV12 decimated; from a route, JPEG (docs/VIEW.md: the cost)."""
 from __future__ import annotations
 import argparse, io, os, socket, subprocess, sys, tempfile, time
 from collections import Counter
@@ -17,7 +17,7 @@ with needs_extra('modeld-view', 'view'):
 from cereal.services import CAMERAS, STREAM_OF_STATE, CAMERA_OF_STREAM
 from modeld.desire import Desire
 from modelrt.constants import DESIRE_LEN
-from modeld_tools.projection import GREEN, RED, calibration, driver_data, face, nv12_to_rgb, prob_colour, road
+from modeld_tools.projection import GREEN, RED, Scaled, calibration, decimation, driver_data, face, nv12_decimate, nv12_to_rgb, prob_colour, road
 from transformations.camera import CAM_HEIGHT, CameraConfig, camera_config, camera_for, sensor_name
 
 PROG = 'modeld-view'
@@ -25,12 +25,13 @@ SERVICES = ['modelV2', 'driverStateV2', 'driverMonitoringState', 'liveCalibratio
 STATE_CAMERA = {s: CAMERA_OF_STREAM[st] for s, st in STREAM_OF_STATE.items()}
 DESIRES = {v: k for k, v in vars(Desire).items() if not k.startswith('_')}
 BLUE, GREY = (60, 140, 255), (150, 150, 150)
+JPEG_QUALITY = 80      # a route's pictures (live ones are NV12 unless --quality is given)
 REF_WIDTH = 640        # px: line widths are set for a picture this wide and scale with it
 KEEP_EOF = 100         # end-of-frame times kept per camera (a driver output's frame age)
 BIND = '127.0.0.1'     # every server this tool starts listens here only: a remote viewer comes through an SSH tunnel
 GRPC_PORT, WEB_PORT = 9876, 9090   # rerun's own defaults
 START_TIMEOUT = 20.    # s for a viewer or web server started here to listen
-POLL_S = 0.005         # live: an idle look at the sockets waits this long before the next
+POLL_S = 0.02          # live: an idle look at the sockets waits this long before the next (less than a frame at 20 Hz: none skipped)
 SERIES = {'timing/modelV2': ['modelV2 execution (ms)', 'modelV2 frame age (ms)', 'frameDropPerc (%)'],   # several series an entity: one log call
           'timing/driverStateV2': ['driverStateV2 execution (ms)', 'driverStateV2 frame age (ms)'],
           'speed/model': ['model velocity', 'lead (prob >= 0.5)'], 'speed/vEgo': ['vEgo (carState)'], 'monitoring/awareness': ['awareness'],
@@ -38,11 +39,12 @@ SERIES = {'timing/modelV2': ['modelV2 execution (ms)', 'modelV2 frame age (ms)',
           'model/desire': [f"desire {DESIRES.get(i, i)}" for i in range(DESIRE_LEN)]}
 
 class View:
-  """Logs pictures and messages into a rerun recording. Outputs are projected into each camera's picture (downscaled
-  to `width`, 0: full size) with the calibration in force and the camera's sensor. Messages without a frame id
+  """Logs pictures and messages into a rerun recording. Outputs are projected into each camera's picture (about
+  `width` wide, 0: full size) with the calibration in force and the camera's sensor. Messages without a frame id
   (carState) sit on the frame timeline at the newest road frame, driverMonitoringState at its driverStateV2's frame.
-  `quality`: JPEG quality, 0 logs raw RGB."""
-  def __init__(self, rec: rr.RecordingStream, cameras: list[str], width: int, quality: int, t0: int, calib: tuple | None = None):
+  `quality`: JPEG quality of RGB pictures scaled to `width` (0: raw RGB); None: NV12 pictures, the stream decimated
+  by the whole factor nearest its width / `width` (live: no scaler, no encoder; the viewer converts them)."""
+  def __init__(self, rec: rr.RecordingStream, cameras: list[str], width: int, quality: int | None, t0: int, calib: tuple | None = None):
     self.rec, self.cameras, self.width, self.quality, self.t0 = rec, cameras, width, quality, t0
     self.laid_out, self.named = False, set()
     self.calib = calib or ((0., 0., 0.), CAM_HEIGHT)
@@ -51,6 +53,7 @@ class View:
     self.eof: dict[str, dict[int, int]] = {c: {} for c in CAMERAS}
     self.road_fid, self.driver_fid, self.ds, self.dms = None, None, None, None
     self.counts: Counter = Counter()
+    self.cams: dict[tuple, Scaled] = {}
 
   def at(self, frame_id: int | None, mono_ns: int) -> None:
     if frame_id is None: self.rec.disable_timeline('frame')
@@ -62,11 +65,26 @@ class View:
     w = full[0] if not self.width or self.width >= full[0] else self.width
     return w, max(2, round(full[1] * w / full[0] / 2) * 2)
 
+  def factor(self, full: tuple[int, int]) -> int:
+    """NV12 pictures: the decimation of a stream of size `full`, the whole factor nearest its width / `width`."""
+    return max(1, round(full[0] / self.width)) if self.width else 1
+
   def cam(self, camera: str) -> CameraConfig:
-    """The geometry of the camera's picture: its sensor's, at the logged size."""
-    sensor = sensor_name(self.sensor.get(camera, ''), None, self.full.get(camera))
-    base = camera_config(sensor, camera)
-    return camera_for(sensor, camera, *self.size(self.full.get(camera, (base.width, base.height))))
+    """The geometry of the camera's picture: its sensor's at the stream's size, scaled as the picture is."""
+    key = (camera, self.sensor.get(camera, ''), self.full.get(camera))
+    if (c := self.cams.get(key)) is None:
+      sensor = sensor_name(key[1], None, key[2])
+      full = key[2] or ((base := camera_config(sensor, camera)).width, base.height)
+      stream = camera_for(sensor, camera, *full)
+      if self.quality is None:
+        w, h, o = decimation(full, k := self.factor(full))
+        sx = sy = 1 / k
+        tx = ty = 0.5 - (o + 0.5) / k   # picture pixel j is the stream's k j + o (pixel centres at + 0.5)
+      else:
+        (w, h), tx, ty = self.size(full), 0., 0.   # FFmpeg's scaler lines up the pictures' edges
+        sx, sy = w / full[0], h / full[1]
+      c = self.cams[key] = Scaled(w, h, stream.focal_length * sx, stream, sx, sy, tx, ty)
+    return c
 
   def layout(self) -> None:
     """The views, each camera's bounded by its picture: sent once every camera's size is known (or at the end)."""
@@ -74,16 +92,20 @@ class View:
     self.rec.send_blueprint(blueprint({c: (k.width, k.height) for c, k in cams.items()}))
     self.laid_out = True
 
-  def picture(self, camera: str, frame_id: int, eof: int, rgb: np.ndarray, full: tuple[int, int]) -> None:
-    """A camera's frame (rgb at size(full)) at its frame id and end of exposure."""
+  def picture(self, camera: str, frame_id: int, eof: int, pic: np.ndarray, full: tuple[int, int]) -> None:
+    """A camera's frame at its frame id and end of exposure: RGB at size(full), or with quality None packed NV12
+    (nv12_decimate by factor(full))."""
     self.full[camera] = full
     if not self.laid_out and all(c in self.full for c in self.cameras): self.layout()
     self.at(frame_id, eof)
-    if self.quality:
+    if self.quality is None:
+      w, h, _ = decimation(full, self.factor(full))
+      self.rec.log(f'{camera}/image', rr.Image(bytes=pic, width=w, height=h, pixel_format=rr.PixelFormat.NV12))
+    elif self.quality:
       b = io.BytesIO()
-      Image.fromarray(rgb).save(b, format='JPEG', quality=self.quality)
+      Image.fromarray(pic).save(b, format='JPEG', quality=self.quality)
       self.rec.log(f'{camera}/image', rr.EncodedImage(contents=b.getvalue(), media_type='image/jpeg'))
-    else: self.rec.log(f'{camera}/image', rr.Image(rgb))
+    else: self.rec.log(f'{camera}/image', rr.Image(pic))
     self.counts[camera] += 1
 
   def scalar(self, path: str, v: float | list[float]) -> None:
@@ -324,8 +346,8 @@ def log_live(view: View, name: str, until: float | None, stop) -> None:
       for cam, c in clients.items():
         if c.is_connected() and (buf := c.recv(timeout_ms=0)) is not None:
           full, idle = (buf.width, buf.height), False
-          rgb = nv12_to_rgb(buf.array, buf.layout, view.size(full))
-          if not buf.overwritten(): view.picture(cam, buf.frame_id, buf.timestamp_eof, rgb, full)   # a torn frame is not shown
+          pic = nv12_decimate(buf.array, buf.layout, view.factor(full)) if view.quality is None else nv12_to_rgb(buf.array, buf.layout, view.size(full))
+          if not buf.overwritten(): view.picture(cam, buf.frame_id, buf.timestamp_eof, pic, full)   # a torn frame is not shown
           del buf
       for sock in socks:
         while (dat := sock.receive(non_blocking=True)) is not None:
@@ -353,8 +375,10 @@ A stack on another machine: run modeld-view --live --web there and tunnel both p
   p.add_argument('--save', metavar='FILE.rrd', help='write the recording to FILE.rrd (alone: no viewer)')
   p.add_argument('--port', type=int, default=GRPC_PORT, help="gRPC port of the viewer or server on 127.0.0.1 (default: 9876, rerun's; 0: any free)")
   p.add_argument('--web-port', type=int, default=WEB_PORT, help="--web: the web viewer's HTTP port on 127.0.0.1 (default: 9090; 0: any free)")
-  p.add_argument('--width', type=int, default=REF_WIDTH, metavar='W', help=f'picture width in pixels (default: {REF_WIDTH}; 0: full size)')
-  p.add_argument('--quality', type=int, default=80, metavar='Q', help='JPEG quality of the pictures, 1-100 (default: 80); 0 sends raw RGB')
+  p.add_argument('--width', type=int, default=REF_WIDTH, metavar='W', help=f'picture width in pixels (default: {REF_WIDTH}; 0: full size); '
+                 'live NV12 pictures: the stream decimated by the whole factor nearest its width / W (1928 -> 642)')
+  p.add_argument('--quality', type=int, metavar='Q', help='JPEG quality of the pictures, 1-100 (default: 80 from a route; live: NV12 '
+                 'pictures, which the viewer converts, unless Q is given); 0 sends raw RGB')
   p.add_argument('--seconds', type=float, metavar='N', help='live: stop after N seconds (default: at Ctrl-C)')
   p.add_argument('--memory-limit', default='1GiB', metavar='M', help="--web: what the server keeps for late viewers, oldest dropped (default: 1GiB)")
   p.add_argument('--name', default='camerad', help='live: VisionIPC server name (default: camerad)')
@@ -362,7 +386,7 @@ A stack on another machine: run modeld-view --live --web there and tunnel both p
   args = p.parse_args(argv)
   if args.live == (args.route is not None): p.error('give a ROUTE or --live (not both)')
   if args.width < 0 or 0 < args.width < 16: p.error(f"--width: expected 0 or >= 16, got {args.width}")
-  if not 0 <= args.quality <= 100: p.error(f"--quality: expected 0 (raw) to 100, got {args.quality}")
+  if args.quality is not None and not 0 <= args.quality <= 100: p.error(f"--quality: expected 0 (raw) to 100, got {args.quality}")
   if args.seconds is not None and args.seconds <= 0: p.error(f"--seconds: expected > 0, got {args.seconds}")
   for opt in ('port', 'web_port'):
     if not 0 <= getattr(args, opt) < 65536: p.error(f"--{opt.replace('_', '-')}: expected a port 0-65535, got {getattr(args, opt)}")
@@ -399,7 +423,7 @@ A stack on another machine: run modeld-view --live --web there and tunnel both p
   try:
     rec.set_sinks(*sinks)
     rec.send_recording_name(f"live {os.environ.get('OPENPILOT_PREFIX', '')}".strip() if args.live else Path(args.route).name)
-    view = View(rec, cameras, args.width, args.quality, t0, calib)
+    view = View(rec, cameras, args.width, args.quality if args.quality is not None or args.live else JPEG_QUALITY, t0, calib)
     if args.live: log_live(view, args.name, None if args.seconds is None else time.monotonic() + args.seconds, stop)
     else: log_route(view, files, videos, stop)
     if not view.laid_out: view.layout()

@@ -233,18 +233,21 @@ def test_driver_padded_layout_same_numbers(driver):
 
 @pytest.mark.parametrize('transport', ['zmq', 'shm'])
 def test_demo(artifacts, tmp_path, monkeypatch, transport):
-  """The whole stack (camerad, both daemons, the recorder) on either transport, and nothing of it left afterwards."""
-  shm, out = set(os.listdir('/dev/shm')), tmp_path / 'demo'
-  p = subprocess.run([sys.executable, '-m', 'modeld_tools.demo', '--seconds', '8', '--artifacts', str(artifacts), '--out', str(out)],
+  """The whole stack (camerad, both daemons, the recorder) on either transport, and nothing of it left afterwards; on
+  zmq with modeld-view watching it live (modeld-demo --view-save), its recording read back."""
+  shm, out, view = set(os.listdir('/dev/shm')), tmp_path / 'demo', transport == 'zmq'
+  p = subprocess.run([sys.executable, '-m', 'modeld_tools.demo', '--seconds', '8', '--artifacts', str(artifacts), '--out', str(out),
+                      *(['--view-save', str(out / 'view.rrd')] if view else [])],
                      capture_output=True, text=True, cwd=REPO, timeout=240, env={**os.environ, 'MSGQ_TRANSPORT': transport})
   print(p.stdout[-3000:], p.stderr[-3000:])
   assert p.returncode == 0
   started = re.search(r"started (.*) with OPENPILOT_PREFIX=(\w+)", p.stdout)
   pids, prefix = [int(x) for x in re.findall(r"pid (\d+)", started.group(1))], started.group(2)
-  assert len(pids) == 4
+  assert len(pids) == 4 + view
   for pid in pids:   # reaped by the demo, none left behind as an orphan
     with pytest.raises(ProcessLookupError): os.kill(pid, 0)
-  assert re.search(r"stopped camerad \(0\), modeld \(0\), dmonitoringd \(0\), record \(0\)", p.stdout)
+  assert re.search(r"stopped camerad \(0\), modeld \(0\), dmonitoringd \(0\), record \(0\)" + (r", view \(0\)" if view else ''), p.stdout)
+  if view: check_demo_view(out, int(re.search(r"summary.*\n.*modelV2 (\d+)", p.stdout).group(1)))
   m = re.search(r"summary.*\n.*modelV2 (\d+) .*driverStateV2 (\d+)", p.stdout)
   assert int(m.group(1)) > 0 and int(m.group(2)) > 0, p.stdout
   # the errors leave out invalid outputs and the road model's warm-up (its image queue filling: lane lines metres off), and say so
@@ -263,3 +266,29 @@ def test_demo(artifacts, tmp_path, monkeypatch, transport):
   assert p.stdout.strip().splitlines()[-1] == f"modeld-demo: overlay video: {out / 'overlay.mp4'}"
   import av
   with av.open(str(out / 'overlay.mp4')) as c: assert sum(1 for _ in c.decode(video=0)) > 0
+
+def check_demo_view(out, n_model: int) -> None:
+  """modeld-view, live on the demo's stack: it saw the three cameras and logged their pictures (NV12, the 1928x1208
+  streams decimated by 3), each frame once, and the outputs, the ego lane lines projected where the scene's truth
+  puts them in the picture's pixels (the model's error aside)."""
+  from tests.test_tools import road_pixel
+  from tests.test_view import near_polyline, read_rrd
+  log = (out / 'logs' / 'view.log').read_text()
+  assert "connected to 'camerad': driver, road, wide" in log, log
+  m = re.search(r"(\d+) pictures \(road (\d+), driver (\d+), wide (\d+)\), (\d+) modelV2, (\d+) driverStateV2", log)
+  assert m, log
+  rows, scene = read_rrd(out / 'view.rrd', blobs=False), load_scene(out / 'scene.json')
+  assert {'/road/image', '/wide/image', '/driver/image', '/road/lanes', '/wide/lanes', '/road/path', '/driver/face', '/text/model',
+          '/text/driver', '/timing/modelV2', '/monitoring/awareness'} <= set(rows), set(rows)
+  for cam, n in zip(('road', 'driver', 'wide'), m.groups()[1:4]):
+    img = rows[f'/{cam}/image']
+    assert len(img['frame']) == len(set(img['frame'])) == int(n) >= 40, (cam, n)   # 8 s at 20 Hz: most frames, none twice
+    assert set(img['Image:buffer']) == {642 * 402 * 3 // 2} and {f[0]['width'] for f in img['Image:format']} == {642}, cam
+  # every output the demo saw, and the viewer's since it started (it may connect after the first)
+  assert 0.8 * n_model <= int(m.group(5)) <= n_model + 20 and len(rows['/road/lanes']['frame']) == int(m.group(5)), (m.group(0), n_model)
+  lanes = rows['/road/lanes']
+  for i in range(WARMUP, len(lanes['frame']), 20):
+    fid, strips = lanes['frame'][i], lanes['LineStrips2D:strips'][i]
+    for line, strip in zip(scene.truth(fid % scene.n_frames)['road']['lane_lines'][1:3], strips[1:3]):
+      u, v = road_pixel(scene, 20., float(np.interp(20., X_IDXS, line['y'])))
+      assert near_polyline((u / 3, v / 3), strip) < 5, (fid, (u / 3, v / 3))   # 5 px: 0.11 m at 20 m

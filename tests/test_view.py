@@ -52,20 +52,30 @@ def stack(tmp_path_factory):
     for p in procs: stop(p, signal.SIGKILL)
     cleanup_prefix(env['OPENPILOT_PREFIX'])
 
-def read_rrd(path: Path) -> dict[str, dict[str, list]]:
-  """{entity: {column: values in frame order}} of a recording's timed rows, read with rerun's own reader."""
+def read_rrd(path: Path, blobs: bool = True) -> dict[str, dict[str, list]]:
+  """{entity: {column: values in frame order}} of a recording's rows on the frame timeline, read with rerun's own reader;
+  None where a row has no such column (an entity's rows of another archetype: a Clear). blobs=False: a picture's bytes
+  (Image:buffer) as their count."""
   from rerun.chunk import RrdReader
-  rows = defaultdict(lambda: defaultdict(list))
+  chunks = defaultdict(list)
   for ch in RrdReader(path).stream().to_chunks():
     if ch.is_static: continue
     b = ch.to_record_batch()
-    for name in b.schema.names:
-      if name == 'mono_time': rows[ch.entity_path][name] += b.column(name).cast('int64').to_pylist()
-      elif not name.startswith('rerun.'): rows[ch.entity_path][name] += b.column(name).to_pylist()
-  for cols in rows.values():   # chunks come in any order
+    if 'frame' not in b.schema.names: continue   # logged before any frame (carState before the first road frame)
+    chunks[ch.entity_path].append({name: column(name, b.column(name), blobs) for name in b.schema.names if not name.startswith('rerun.')})
+  rows = {}
+  for entity, cs in chunks.items():   # chunks come in any order
+    names = {k for c in cs for k in c}
+    cols = {k: [v for c in cs for v in c.get(k, [None] * len(c['frame']))] for k in names}
     order = np.argsort(cols['frame'], kind='stable')
-    for k in cols: cols[k] = [cols[k][i] for i in order]
+    rows[entity] = {k: [v[i] for i in order] for k, v in cols.items()}
   return rows
+
+def column(name: str, values, blobs: bool) -> list:
+  import pyarrow.compute as pc
+  if name == 'mono_time': return values.cast('int64').to_pylist()
+  if name == 'Image:buffer' and not blobs: return pc.list_value_length(values.flatten()).to_pylist()   # one picture a row
+  return values.to_pylist()
 
 def recorded_ids(route: Path, camera: str) -> list[int]:
   from oproute import LogReader
