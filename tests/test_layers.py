@@ -86,7 +86,7 @@ def test_root_holds_only_the_known_layout():
 def test_module_docstrings_are_brief():
   """A module's docstring says what and why in at most 5 lines; figures go to docs/, history to the commit messages."""
   long = []
-  for name, path in sorted(modules().items()):
+  for path in sorted(modules().values()):
     body = ast.parse(path.read_text(), str(path)).body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
       if (n := body[0].end_lineno - body[0].lineno + 1) > 5: long.append(f"{path.relative_to(REPO)}: {n} lines")
