@@ -88,6 +88,17 @@ def stop(p: subprocess.Popen, sig=signal.SIGINT, timeout: float = 20) -> tuple[s
     p.kill()
     return p.communicate()
 
+def start_scene_stack(scene: Path, env: dict, procs: list) -> tuple[subprocess.Popen, subprocess.Popen]:
+  """camerad in lockstep on the scene and the stand-in model (MODEL) answering it, both in procs; the model waits for
+  'go' on its stdin. camerad first: in lockstep it waits for the model's client, then for each frame's outputs."""
+  cam = start([BIN / 'camerad', '--source', f"synthetic:{scene}", '--cameras', 'road,driver', '--lockstep', '--lockstep-timeout', '30'], env)
+  procs.append(cam)
+  while 'serving' not in (line := cam.stderr.readline()): assert line, cam.communicate()[1]
+  model = start([sys.executable, '-c', MODEL, scene], env, stdin=subprocess.PIPE)
+  procs.append(model)
+  assert model.stdout.readline().strip() == 'ready', model.stderr.read()
+  return cam, model
+
 @pytest.fixture(scope='module')
 def stack(tmp_path_factory):
   d = tmp_path_factory.mktemp('stack')
@@ -95,13 +106,7 @@ def stack(tmp_path_factory):
   env = {**os.environ, 'OPENPILOT_PREFIX': f"tools{uuid.uuid4().hex[:8]}", 'PYTHONUNBUFFERED': '1'}
   procs, notify = [], Notify()
   try:
-    # camerad first: in lockstep it waits for the model's client, then for each frame's outputs
-    cam = start([BIN / 'camerad', '--source', f"synthetic:{d / 'scene.json'}", '--cameras', 'road,driver', '--lockstep', '--lockstep-timeout', '30'], env)
-    procs.append(cam)
-    while 'serving' not in (line := cam.stderr.readline()): assert line, cam.communicate()[1]
-    model = start([sys.executable, '-c', MODEL, d / 'scene.json'], env, stdin=subprocess.PIPE)
-    procs.append(model)
-    assert model.stdout.readline().strip() == 'ready', model.stderr.read()
+    cam, model = start_scene_stack(d / 'scene.json', env, procs)
     rec = start([BIN / 'modeld-record', '--route', d / 'route', '--video', 'road,driver', '--stats-interval', '0'], {**env, 'NOTIFY_SOCKET': notify.addr})
     procs.append(rec)
     live = start([BIN / 'modeld-overlay', '--live', '--frames', '5', '--out', d / 'live.mp4', '--quiet', '--timeout', '30'], env)

@@ -2,7 +2,7 @@
 model answering from the scene's truth, modeld-record) watched live; its route logged to .rrd and read back with
 rerun's own reader; rerun's web viewer opened in Debian's chromium, driven headless by Playwright, and judged by the
 screenshot's pixels. UPDATE_SCREENSHOT=1 writes that screenshot to docs/view.png, the README's."""
-import io, json, os, re, shutil, signal, socket, subprocess, sys, time, uuid
+import io, json, os, re, shutil, signal, socket, subprocess, time, uuid
 from collections import defaultdict
 from pathlib import Path
 import numpy as np
@@ -11,7 +11,8 @@ from PIL import Image
 from camerad.scene import load_scene
 from modelrt.constants import X_IDXS
 from modeld_tools.projection import prob_colour
-from tests.test_tools import BIN, MODEL, SCENE, cleanup_prefix, road_pixel, start, stop
+from tests.daemon_harness import Notify
+from tests.test_tools import BIN, SCENE, cleanup_prefix, road_pixel, start, start_scene_stack, stop
 
 REPO = Path(__file__).resolve().parents[1]
 N_FRAMES = 40
@@ -25,20 +26,15 @@ def stack(tmp_path_factory):
   d = tmp_path_factory.mktemp('view')
   (d / 'scene.json').write_text(json.dumps(dict(SCENE, frames=N_FRAMES)))
   env = {**os.environ, 'OPENPILOT_PREFIX': f"view{uuid.uuid4().hex[:8]}", 'PYTHONUNBUFFERED': '1'}
-  procs = []
+  procs, notify = [], Notify()
   try:
-    cam = start([BIN / 'camerad', '--source', f"synthetic:{d / 'scene.json'}", '--cameras', 'road,driver', '--lockstep', '--lockstep-timeout', '30'], env)
-    procs.append(cam)
-    while 'serving' not in (line := cam.stderr.readline()): assert line, cam.communicate()[1]
-    model = start([sys.executable, '-c', MODEL, d / 'scene.json'], env, stdin=subprocess.PIPE)
-    procs.append(model)
-    assert model.stdout.readline().strip() == 'ready', model.stderr.read()
-    rec = start([BIN / 'modeld-record', '--route', d / 'route', '--video', 'road,driver', '--stats-interval', '0'], env)
+    cam, model = start_scene_stack(d / 'scene.json', env, procs)
+    rec = start([BIN / 'modeld-record', '--route', d / 'route', '--video', 'road,driver', '--stats-interval', '0'], {**env, 'NOTIFY_SOCKET': notify.addr})
     procs.append(rec)
     live = start([BIN / 'modeld-view', '--live', '--save', d / 'live.rrd'], env)
     procs.append(live)
     while not re.search(r"connected to 'camerad': driver, road", line := live.stderr.readline()): assert line, stop(live)
-    time.sleep(1.0)   # the recorder's camera clients too (it says nothing): frames served before them go unrecorded
+    notify.wait_count('video_connected', 2, timeout=30)   # the recorder's camera clients: frames served before them go unrecorded
     model.stdin.write('go\n')
     model.stdin.flush()
     t = time.monotonic()
@@ -50,6 +46,7 @@ def stack(tmp_path_factory):
     yield {'dir': d, 'route': d / 'route', 'scene': load_scene(d / 'scene.json'), 'live': (live.returncode, *live_out), 'live_s': live_s}
   finally:
     for p in procs: stop(p, signal.SIGKILL)
+    notify.close()
     cleanup_prefix(env['OPENPILOT_PREFIX'])
 
 def read_rrd(path: Path, blobs: bool = True) -> dict[str, dict[str, list]]:
