@@ -1,7 +1,7 @@
 """camerad's bridge source: a comma device's cameras as its encoder publishes them (roadEncodeData, wideRoadEncodeData,
 driverEncodeData, HEVC) and openpilot's bridge carries them off the device over TCP, decoded here, one thread per
-camera, and served with the device's frame ids and times; the device's messages the daemons read are relayed.
-docs/CAMERAD.md: live from a comma device.
+camera, and served with the device's frame ids and times as soon as they come: never a backlog (a camera behind skips
+to its newest keyframe); the device's messages the daemons read are relayed. docs/CAMERAD.md: live from a comma device.
 """
 from __future__ import annotations
 import logging, queue, threading, time
@@ -15,9 +15,11 @@ from oproute.video import KEYFRAME_FLAG, fill_frame
 from camerad.sources import Source, SourceError, Tick
 
 log = logging.getLogger("camerad")
-DISCOVER_S = 3.0    # after the first camera, how long the others get to show up (the streams served are fixed then)
+JOIN_S = 0.15       # after the first camera, how long the others get before serving starts (a running device sends all
+                    # of its cameras within a frame period); a camera that comes later joins while serving
 QUIET_S = 3.0       # a device silent this long is reported, once, and again when it is back
 RECV_MS = 100       # how often the threads look at their stop flag
+NOT_SERVED = "frames behind, decoded but not served (a newer one was waiting)"
 # what the daemons read from the car and the device, relayed as it arrives (the camera states are camerad's own)
 RELAYED = tuple(dict.fromkeys(s for s in MODELD_INPUTS + DMONITORINGD_INPUTS if s not in CAMERA_STATE_SERVICES.values() and s not in DAEMON_OUTPUTS))
 
@@ -29,29 +31,39 @@ def device_socket(host: str, service: str) -> SubSocket:
 class CameraStream(threading.Thread):
   """One camera's EncodeData, decoded from a keyframe on, the keyframe's header first. A gap in encodeId (lost
   packets) or its restart (the device's encoder restarted) drops the decoder; decoding starts again at the next
-  keyframe, so no picture decoded from a missing reference is ever served. What it makes and sees goes to `out`:
-  ("frame", stream, picture, frame id, SOF, EOF, device logMonoTime, arrival ns, decode s), ("lost", stream, frames or
-  None for a restart), ("skip", reason)."""
-  def __init__(self, stream: int, sock: SubSocket, first: tuple[bytes, int], out: queue.Queue, stop: threading.Event):
+  keyframe, so no picture decoded from a missing reference is ever served. Each receive takes every message waiting:
+  with more than one (camerad fell behind, or a burst after a stall) it starts at the newest keyframe among them, and
+  only the newest picture is served. What it makes and sees goes to `out`: ("frame", stream, picture, frame id, SOF,
+  EOF, device logMonoTime, arrival ns, decode s, (width, height)), ("lost", stream, frames or None for a restart),
+  ("skip", reason, count)."""
+  def __init__(self, stream: int, sock: SubSocket, first: list[tuple[bytes, int]], out: queue.Queue, stop: threading.Event):
     super().__init__(name=f"bridge-{CAMERA_OF_STREAM[stream]}", daemon=True)
     self.stream, self.sock, self.first, self.out, self.stop = stream, sock, first, out, stop
-    self.service = CAMERAS[CAMERA_OF_STREAM[stream]].encode_data
+    self.cam, self.service = CAMERA_OF_STREAM[stream], CAMERAS[CAMERA_OF_STREAM[stream]].encode_data
     self.decoder, self.last_id, self.meta = None, None, {}
 
   def run(self) -> None:
-    (dat, arrived), self.sock.timeout = self.first, RECV_MS
+    batch, self.sock.timeout = self.first, RECV_MS
     try:
       while not self.stop.is_set():
-        if dat is not None: self.handle(dat, arrived)
-        dat, arrived = self.sock.receive(), time.monotonic_ns()
+        if batch: self.handle(batch)
+        batch = []
+        while (dat := self.sock.receive(non_blocking=bool(batch))) is not None: batch.append((dat, time.monotonic_ns()))
     finally: self.sock.close()
 
-  def handle(self, dat: bytes, arrived: int) -> None:
-    cam = CAMERA_OF_STREAM[self.stream]
-    try: ev = messaging.log_from_bytes(dat, expect=self.service)
-    except messaging.MalformedMessageError as e:
-      self.out.put(("skip", f"{cam}: a malformed {self.service} ({e})"))
-      return
+  def handle(self, batch: list[tuple[bytes, int]]) -> None:
+    evs = []
+    for dat, arrived in batch:
+      try: evs.append((messaging.log_from_bytes(dat, expect=self.service), arrived))
+      except messaging.MalformedMessageError as e: self.out.put(("skip", f"{self.cam}: a malformed {self.service} ({e})", 1))
+    keys = [i for i, (ev, _) in enumerate(evs) if getattr(ev, self.service).idx.flags & KEYFRAME_FLAG]
+    if keys and keys[-1] > 0:   # behind: what comes before the newest keyframe is never needed
+      self.out.put(("skip", f"{self.cam}: frames behind, skipped to the newest keyframe", keys[-1]))
+      evs, self.decoder, self.last_id = evs[keys[-1]:], None, None
+    for i, (ev, arrived) in enumerate(evs):
+      self.decode(ev, arrived, serve=i == len(evs) - 1)
+
+  def decode(self, ev, arrived: int, serve: bool) -> None:
     ed = getattr(ev, self.service)
     idx = ed.idx
     if self.last_id is not None and idx.encodeId != self.last_id + 1:
@@ -60,7 +72,7 @@ class CameraStream(threading.Thread):
     self.last_id = idx.encodeId
     if self.decoder is None:
       if not idx.flags & KEYFRAME_FLAG:
-        self.out.put(("skip", f"{cam}: frames before a keyframe (not decodable)"))
+        self.out.put(("skip", f"{self.cam}: frames before a keyframe (not decodable)", 1))
         return
       self.decoder, self.meta = av.CodecContext.create("hevc", "r"), {}
       if len(ed.header): self.decoder.decode(av.Packet(ed.header))
@@ -69,48 +81,47 @@ class CameraStream(threading.Thread):
     self.meta[idx.encodeId] = (idx.frameId, idx.timestampSof, idx.timestampEof, ev.logMonoTime, arrived)
     try: pictures = self.decoder.decode(packet)
     except av.FFmpegError as e:   # a damaged packet: nothing from it, nor from what refers to it, until a keyframe
-      self.out.put(("skip", f"{cam}: undecodable frame {idx.frameId} ({e})"))
+      self.out.put(("skip", f"{self.cam}: undecodable frame {idx.frameId} ({e})", 1))
       self.decoder = None
       return
     dt = time.perf_counter() - t
     for p in pictures:
-      if (m := self.meta.pop(p.pts, None)) is not None: self.out.put(("frame", self.stream, p, *m, dt))
+      if (m := self.meta.pop(p.pts, None)) is None: continue
+      if serve: self.out.put(("frame", self.stream, p, *m, dt, (ed.width, ed.height)))
+      else: self.out.put(("skip", f"{self.cam}: {NOT_SERVED}", 1))
 
 class BridgeSource(Source):
-  """`bridge:HOST`: the cameras a comma device (openpilot's encoder and bridge) sends, each at its own pace (live). The
-  streams served are those whose frames come within DISCOVER_S of the first one's (waiting up to `wait` s for that);
-  frame ids and SOF/EOF times are the device's."""
+  """`bridge:HOST`: the cameras a comma device (openpilot's encoder and bridge) sends, each at its own pace (live).
+  Serving starts JOIN_S after the first camera's frame (waiting up to `wait` s for it); a camera that comes later is
+  added to `streams` when its first frame is served. Frame ids and SOF/EOF times are the device's."""
   live = True
   def __init__(self, host: str, wait: float = 30.):
     super().__init__()
     self.host, self.fps, self.services = host, 20., RELAYED
-    socks = {c.stream: device_socket(host, c.encode_data) for c in CAMERAS.values()}
-    first, deadline = {}, time.monotonic() + wait
+    self.socks = {c.stream: device_socket(host, c.encode_data) for c in CAMERAS.values()}
+    self.first: dict[int, list[tuple[bytes, int]]] = {s: [] for s in self.socks}
+    deadline = time.monotonic() + wait
     try:
-      for sock in socks.values(): sock.timeout = 0
-      while len(first) < len(socks) and time.monotonic() < deadline:
-        for s, sock in socks.items():
-          if s not in first and (dat := sock.receive()) is not None:
-            if not first: deadline = min(deadline, time.monotonic() + DISCOVER_S)
-            first[s] = (dat, time.monotonic_ns())
-        time.sleep(0.005)
-      if not first:
+      for sock in self.socks.values(): sock.timeout = 0
+      while time.monotonic() < deadline and not all(self.first.values()):
+        for s, sock in self.socks.items():
+          if (dat := sock.receive()) is not None:
+            if not any(self.first.values()): deadline = min(deadline, time.monotonic() + JOIN_S)
+            self.first[s].append((dat, time.monotonic_ns()))
+        time.sleep(0.002)
+      if not any(self.first.values()):
         raise SourceError(f"bridge:{host}: no camera frame within {wait:g} s: is openpilot's encoder and bridge running on the device, "
                           f"and {host}'s port {tcp_port('roadEncodeData', '')} (roadEncodeData) reachable?")
-      self.streams = {s: (ed.width, ed.height) for s, (dat, _) in first.items()
-                      if (ed := getattr(messaging.log_from_bytes(dat), CAMERAS[CAMERA_OF_STREAM[s]].encode_data))}
+      self.streams = {s: self.size(first[-1][0]) for s, first in self.first.items() if first}
     except BaseException:
-      for sock in socks.values(): sock.close()
+      self.close()
       raise
-    for s in set(socks) - set(first): socks.pop(s).close()
-    self.socks, self.first = socks, first
     self.sensor = dict.fromkeys(self.streams, "unknown")
     self.offset: int | None = None   # our monotonic clock less the device's, from the fastest frame to arrive
 
-  def drop(self, stream: int) -> None:
-    """Serve this stream no more (camerad refused it)."""
-    del self.streams[stream], self.sensor[stream], self.first[stream]
-    self.socks.pop(stream).close()
+  def size(self, dat: bytes) -> tuple[int, int]:
+    ed = getattr(ev := messaging.log_from_bytes(dat), ev.which())
+    return ed.width, ed.height
 
   def ticks(self, start: int = 0) -> Iterator[Tick]:
     out, stop = queue.Queue(), threading.Event()
@@ -120,22 +131,30 @@ class BridgeSource(Source):
     self.socks, last, quiet = {}, time.monotonic(), False   # the threads own the sockets now
     try:
       while True:
-        try: item = out.get(timeout=RECV_MS / 1000)
-        except queue.Empty: item = None
+        try: items = [out.get(timeout=RECV_MS / 1000)]
+        except queue.Empty: items = []
+        while not out.empty(): items.append(out.get_nowait())
         if not quiet and (now := time.monotonic()) - last > QUIET_S:
           log.warning("bridge:%s: no camera frame for %.0f s: waiting for the device", self.host, now - last)
           quiet = True
-        if item is None: yield Tick(-1, time.monotonic())   # nothing: camerad looks at its stop flag, feeds its watchdog
-        elif item[0] == "msg": yield Tick(-1, time.monotonic(), msgs=[item[1:]])
-        elif item[0] == "skip": self.skipped[item[1]] += 1
-        elif item[0] == "lost":
-          cam, n = CAMERA_OF_STREAM[item[1]], item[2]
-          if n is None: log.warning("bridge:%s: %s encoder restarted: decoding from its next keyframe", self.host, cam)
-          self.skipped[f"{cam}: frames lost on the way (encodeId gaps; decoding resumed at the next keyframe)" if n else f"{cam}: encoder restarts"] += n or 1
-        else:
-          _, s, picture, frame_id, sof, eof, log_mono, arrived, decode_s = item
+        newest = {}   # stream -> its newest frame: an older one still waiting here is never served
+        for item in items:
+          if item[0] == "msg": yield Tick(-1, time.monotonic(), msgs=[item[1:]])
+          elif item[0] == "skip": self.skipped[item[1]] += item[2]
+          elif item[0] == "lost":
+            cam, n = CAMERA_OF_STREAM[item[1]], item[2]
+            if n is None: log.warning("bridge:%s: %s encoder restarted: decoding from its next keyframe", self.host, cam)
+            self.skipped[f"{cam}: frames lost on the way (encodeId gaps; decoding resumed at the next keyframe)" if n else f"{cam}: encoder restarts"] += n or 1
+          else:
+            if item[1] in newest: self.skipped[f"{CAMERA_OF_STREAM[item[1]]}: {NOT_SERVED}"] += 1
+            newest[item[1]] = item
+        if not items: yield Tick(-1, time.monotonic())   # nothing: camerad looks at its stop flag, feeds its watchdog
+        for _, s, picture, frame_id, sof, eof, log_mono, arrived, decode_s, size in newest.values():
           if quiet: log.info("bridge:%s: frames again", self.host)
           last, quiet = time.monotonic(), False
+          if s not in self.streams:
+            log.info("bridge:%s: the %s camera joined (%dx%d)", self.host, CAMERA_OF_STREAM[s], *size)
+            self.streams[s], self.sensor[s] = size, "unknown"
           self.offset = min(self.offset, arrived - log_mono) if self.offset is not None else arrived - log_mono
           yield Tick(frame_id, time.monotonic(), {s: lambda buf, layout, p=picture: fill_frame(p, buf, layout)}, ids={s: (frame_id, sof, eof)},
                      eof_here={s: eof + self.offset}, timings={"decode": decode_s})

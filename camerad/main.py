@@ -20,7 +20,8 @@ with needs_extra("camerad", "camera"):   # PyAV and zstandard: video files, devi
   from camerad.lockstep import LOCKSTEP_SETTLE_S, Lockstep, LockstepTimeout
 
 log = logging.getLogger("camerad")
-BEHIND_RESET_S = 0.5   # real-time pacing that falls this far behind starts counting from now again
+LATE_PERIODS = 2      # a paced frame this many frame periods behind its time is skipped, not served late
+MAX_AGE_S = 0.25      # a live frame older than this (its end of frame to now) is skipped, not served
 
 EPILOG = f"""sources (--source, repeatable for video files):
   synthetic:SCENE        a scene file or a shipped scene name ({', '.join(shipped_scenes())}):
@@ -43,7 +44,9 @@ option (out of range, an unknown camera, scene or service, options that do not a
 no stream has).
 
 pacing: real time at the source's rate by default; --fps F for a fixed rate; --lockstep sends a frame only once the
-daemons published their outputs for the previous one (deterministic, nothing lost however slow the machine).
+daemons published their outputs for the previous one (deterministic, nothing lost however slow the machine). Without
+--lockstep nothing is served late: a frame two frame periods behind its time, or a live frame over 250 ms old, is
+skipped and counted (the stats' skipped, the summary's reasons).
 
 examples:
   camerad --source synthetic:straight --frames 100
@@ -125,28 +128,27 @@ def option_layouts(layouts: tuple[str, dict], streams: dict[int, tuple[int, int]
           for s, (w, h) in streams.items()}
 
 class Pacer:
-  """Sleeps until each tick is due: at the source's timestamps (real time), at a fixed rate, or not at all."""
+  """Sleeps until each tick is due: at the source's timestamps (real time), at a fixed rate, or not at all. The
+  schedule never slips (a source that goes back, a loop, restarts it): wait() is False for a tick more than LATE_PERIODS
+  frame periods behind it, whose frames the caller skips, so what is served stays current however slow the machine."""
   def __init__(self, stop: StopFlag, fps: float | None, src_fps: float, free: bool, idle=lambda: None):
     self.stop, self.fps, self.src_fps, self.free, self.idle = stop, fps, src_fps, free, idle
     self.due = self.t = None
-    self.late = 0
+    self.late_s = LATE_PERIODS / (fps or src_fps)
 
-  def wait(self, tick: Tick) -> None:
-    if self.free: return
+  def wait(self, tick: Tick) -> bool:
+    if self.free: return True
     now = time.monotonic()
     if self.fps is not None: dt = 1 / self.fps if tick.frames else 0.0
     elif self.t is not None and tick.t >= self.t: dt = tick.t - self.t
-    else: dt = 1 / self.src_fps if tick.frames else 0.0   # first tick, or the source went back (a loop)
+    else:   # first tick, or the source went back (a loop): the schedule starts again
+      dt, self.due = (1 / self.src_fps if tick.frames else 0.0), None
     self.t = tick.t
     self.due = now if self.due is None else self.due + dt
-    if self.due < now - BEHIND_RESET_S:
-      self.late += 1
-      self.due = now
     while not self.stop and (left := self.due - time.monotonic()) > 0:
       self.idle()
       time.sleep(min(left, 0.1))
-
-
+    return time.monotonic() - self.due <= self.late_s
 
 def artifact_layouts(artifacts: str, streams: dict[int, tuple[int, int]]) -> dict[int, NV12Layout]:
   """Each stream's layout, one the artifacts' warps take (modelrt.artifact.camerad_layouts). A camera of a size the
@@ -166,10 +168,34 @@ def artifact_layouts(artifacts: str, streams: dict[int, tuple[int, int]]) -> dic
   by_size = {(l.width, l.height): l for l in map(NV12Layout.parse, specs)}
   return {s: by_size[size] for s, size in served.items()}
 
+def stream_layouts(args: argparse.Namespace, streams: dict[int, tuple[int, int]]) -> dict[int, NV12Layout]:
+  return artifact_layouts(args.artifacts, streams) if args.artifacts else option_layouts(args.layouts, streams)
+
+class LateStreams:
+  """Cameras a live source finds while serving (a device's camera that starts late): each gets its buffers and its
+  camera-state publisher at its first frame, or is refused once, as at start."""
+  def __init__(self, args: argparse.Namespace, source: Source, server: VisionIpcServer, pm, layouts: dict[int, NV12Layout]):
+    self.args, self.source, self.server, self.pm, self.layouts = args, source, server, pm, layouts
+    self.refused = set(source.streams) - set(layouts)   # refused at start, named in the log then
+
+  def served(self, stream: int) -> bool:
+    if stream in self.layouts: return True
+    if stream in self.refused or stream not in self.source.streams: return False
+    try: l = stream_layouts(self.args, {**{s: self.source.streams[s] for s in self.layouts}, stream: self.source.streams[stream]})[stream]
+    except (SourceError, KeyError):   # refused (named in the log) or no layout
+      self.refused.add(stream)
+      return False
+    self.server.create_buffers_with_sizes(stream, self.args.buffers, l.width, l.height, l.size, l.stride, l.uv_offset)
+    self.pm.add(CAMERA_STATE_SERVICES[stream])
+    self.layouts[stream] = l
+    log.info("serving %s %s too", CAMERA_OF[stream], l)
+    notify(f"STATUS=serving {', '.join(CAMERA_OF[s] for s in self.layouts)}")
+    return True
+
 def serve(args: argparse.Namespace, source: Source, stop: StopFlag) -> int:
   pm = lock = server = None
   try:
-    layouts = artifact_layouts(args.artifacts, source.streams) if args.artifacts else option_layouts(args.layouts, source.streams)
+    layouts = stream_layouts(args, source.streams)
     server = VisionIpcServer(args.name)
     for s, l in layouts.items(): server.create_buffers_with_sizes(s, args.buffers, l.width, l.height, l.size, l.stride, l.uv_offset)
     pm, pm_up = messaging.PubMaster([CAMERA_STATE_SERVICES[s] for s in layouts] + list(source.services)), time.monotonic()
@@ -192,19 +218,34 @@ def run(args, source: Source, server: VisionIpcServer, pm, lock, layouts: dict, 
   pacer = Pacer(stop, args.fps, source.fps, free=args.lockstep or source.live, idle=watchdog.kick)
   served, t0 = 0, time.monotonic()
   writer = FrameWriter(source, args.lockstep)
+  late = LateStreams(args, source, server, pm, layouts)
   done = sent_msgs = False
+  counted = 0   # skipped frames already in the stats
+  def count_skipped() -> None:
+    nonlocal counted
+    if (n := sum(source.skipped.values())) > counted: stats.count("skipped", n - counted)
+    counted = n
   while not done and not stop:
     any_frame = False
     writer.new_pass()
     for tick in source.ticks(args.start):
       if stop: break
-      pacer.wait(tick)
+      on_time = pacer.wait(tick)
       for svc, dat in tick.msgs:
         if not isinstance(dat, bytes): dat.logMonoTime = time.monotonic_ns()   # built ahead of pacing: stamp when sent
         pm.send(svc, dat)
         sent_msgs = True
       for k, v in tick.timings.items(): stats.timing(k, v)
-      tick.frames = {s: f for s, f in tick.frames.items() if s in layouts}   # not a refused camera's
+      tick.frames = {s: f for s, f in tick.frames.items() if late.served(s)}   # not a refused camera's
+      now = time.monotonic_ns()
+      for s in list(tick.frames):   # late: a newer frame is due (paced) or this one is stale (live); never a backlog
+        if not on_time: why = f"over {pacer.late_s * 1e3:.0f} ms behind real time"
+        elif now - tick.eof_here.get(s, now) > MAX_AGE_S * 1e9: why = f"older than {MAX_AGE_S * 1e3:.0f} ms"
+        else: continue
+        if not source.skipped[late_why := f"{CAMERA_OF[s]}: late, not served ({why})"]: log.warning("skipping late frames: %s", late_why)
+        del tick.frames[s]
+        source.skipped[late_why] += 1
+      count_skipped()
       if not tick.frames:
         watchdog.kick()
         stats.tick()
@@ -232,10 +273,9 @@ def run(args, source: Source, server: VisionIpcServer, pm, lock, layouts: dict, 
     if not args.loop or not any_frame: break
   dt = time.monotonic() - t0
   skipped = sum(source.skipped.values())
-  log.info("served %d frames in %.2f s (%.1f frames/s)%s%s", served, dt, served / dt if dt > 0 else 0.0,
-           f", {pacer.late} times behind real time" if pacer.late else "", f", skipped {skipped}" if skipped else "")
+  log.info("served %d frames in %.2f s (%.1f frames/s)%s", served, dt, served / dt if dt > 0 else 0.0, f", skipped {skipped}" if skipped else "")
   for reason, n in source.skipped.most_common(): log.warning("skipped %d: %s", n, reason)
-  if skipped: stats.count("skipped", skipped)
+  count_skipped()
   stats.set_state("stopped")   # a last STATUS= with the totals: what a service manager shows of the finished run
   if served == 0 and layouts and not stop:
     raise SourceError(f"the source gave no frame{f' from --start {args.start} on (past its end?)' if args.start else ''}")

@@ -4,7 +4,7 @@ Each is a Source: its streams, a finite iterator of Ticks that write frames into
 (problems met while running, with the reason); problems found while opening are SourceErrors naming the file.
 """
 from __future__ import annotations
-import itertools, os
+import itertools, os, time
 from collections import Counter
 from pathlib import Path
 from dataclasses import dataclass, field
@@ -144,13 +144,21 @@ class VideoSource(Source):
             if i == 0: raise SourceError(f"{self.files[s]}: no frame could be decoded")
             return
           frames[s] = f
-        if i >= start: yield Tick(i, i / self.fps, {s: (lambda out, layout, f=f: fill_frame(f, out, layout)) for s, f in frames.items()})
+        if i >= start: yield Tick(i, i / self.fps, {s: (lambda out, layout, f=f: fill_frame(f, out, layout)) for s, f in frames.items()},
+                                  eof_here={s: t for s, f in frames.items() if self.v4l2 and (t := _monotonic_ns(f)) is not None})
     finally:
       for d in decs.values(): d.close()
 
   def close(self) -> None:
     if self._decs:
       for d in self._decs.values(): d.close()
+
+def _monotonic_ns(frame) -> int | None:
+  """A V4L2 frame's capture time, where the driver stamps it on this machine's monotonic clock (FFmpeg passes the
+  kernel's timestamp on by default): how old the frame is when served. None for another clock."""
+  if frame.time is None: return None
+  t = round(frame.time * 1e9)
+  return t if abs(time.monotonic_ns() - t) < 10e9 else None
 
 # ---- openpilot routes (oproute)
 class LogSource(Source):

@@ -34,20 +34,29 @@ def connect(clients: list, stop: StopFlag, tick: Callable[[], None], timeout: fl
 class StreamWatch:
   """Notices a camera server that went away, restarted, or came back with another set of streams while no frame
   arrives (a client only sees a restart in a frame of the new server, and an idle client gets none: a lockstep camera
-  source waits for the daemon's clients before its first frame)."""
+  source waits for the daemon's clients before its first frame); and, while frames come, a stream that makes
+  `wanted` choose otherwise (a live source's camera that started late: the wide road camera joining the road one)."""
   CHECK_S = 1.
 
-  def __init__(self, server: str, streams: set[int], server_id: int | None):
-    self.server, self.seen, self.last = server, (server_id, streams), time.monotonic()
+  def __init__(self, server: str, streams: set[int], server_id: int | None, wanted: Callable[[set[int]], object]):
+    self.server, self.seen, self.wanted = server, (server_id, streams), wanted
+    self.last = self.checked = time.monotonic()
 
   def frame(self) -> None: self.last = time.monotonic()
 
   def changed(self) -> bool:
-    """Call when a receive timed out: True (reconnect) if frames stopped over CHECK_S ago and the server differs now."""
+    """Call at every frame and receive timeout: True (reconnect) if the server differs now. Frames stopped over
+    CHECK_S ago: its id and streams are asked; frames coming: its stream list, every CHECK_S."""
     from msgq.visionipc import VisionIpcClient
-    if time.monotonic() - self.last < self.CHECK_S: return False
-    self.last = time.monotonic()
-    if (now := VisionIpcClient.server_info(self.server) or (None, set())) == self.seen: return False
-    log.warning("camera server %r now serves streams %s (was %s)%s", self.server, sorted(now[1]), sorted(self.seen[1]),
-                ", restarted" if now[0] not in (None, self.seen[0]) else "")
+    if (now := time.monotonic()) - self.checked < self.CHECK_S: return False
+    self.checked = now
+    if now - self.last < self.CHECK_S:
+      if (have := VisionIpcClient.available_streams(self.server, False)) and self.wanted(have) != self.wanted(self.seen[1]):
+        log.warning("camera server %r now serves streams %s (was %s): reconnecting", self.server, sorted(have), sorted(self.seen[1]))
+        return True
+      return False
+    self.last = now
+    if (info := VisionIpcClient.server_info(self.server) or (None, set())) == self.seen: return False
+    log.warning("camera server %r now serves streams %s (was %s)%s", self.server, sorted(info[1]), sorted(self.seen[1]),
+                ", restarted" if info[0] not in (None, self.seen[0]) else "")
     return True

@@ -124,7 +124,7 @@ class Daemon:
         self.log.info("connected to %r: %s", server, desc := ', '.join(f"stream {c.stream} ({c.layout})" for c in clients))
         self.stats.count('connects')
         self.stats.set_state(f"serving {server!r}: {desc}")
-        yield Camera(self, clients, StreamWatch(server, streams, clients[0].server_id))
+        yield Camera(self, clients, StreamWatch(server, streams, clients[0].server_id, wanted))
         if not self.stop: self.stats.count('disconnects')
       finally:
         for c in clients: c.close()

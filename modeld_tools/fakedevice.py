@@ -85,12 +85,19 @@ def main(argv: list[str] | None = None) -> int:
   ap.add_argument("--keyint", type=int, default=20, metavar="N", help="a keyframe every N frames (default: 20)")
   ap.add_argument("--frames", type=int, metavar="N", help="stop after N frames (default: run until stopped)")
   ap.add_argument("--drop-every", type=int, metavar="N", help="leave out every Nth encoded frame of each camera, as a lossy link does")
+  ap.add_argument("--late", action="append", default=[], metavar="CAM=S", help="start sending camera CAM S seconds after the "
+                  "others, as a device whose camera comes up late (repeatable)")
   ap.add_argument("--restart-every", type=int, metavar="N", help="restart every N frames, as a rebooting device: frame ids and "
                   "encodeIds from 0 again, the clip from its keyframe")
   add_log_level(ap)
   args = ap.parse_args(argv)
   for opt in ("clip", "keyint", "frames", "drop_every", "restart_every"):
     if (v := getattr(args, opt)) is not None and v < 1: ap.error(f"--{opt.replace('_', '-')}: expected >= 1, got {v}")
+  late = {}
+  for spec in args.late:
+    cam, _, secs = spec.partition("=")
+    try: late[CAMERAS[cam].stream] = float(secs)
+    except (KeyError, ValueError): ap.error(f"--late: expected CAM=SECONDS with CAM one of {', '.join(CAMERAS)}, got {spec!r}")
   setup_logging(args.log_level)
   stop = StopFlag()
   try: frames, encs, msgs, fps = clips(args.source or ["synthetic:straight"], args.cameras and args.cameras.split(","), args.clip, args.keyint)
@@ -122,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         msg_socks[svc].send(m if isinstance(m, bytes) else m.to_bytes())
       eof = time.monotonic_ns()   # the frame read out just now (its encoding took no time: it was done beforehand)
       for s, clip in frames.items():
+        if i * period < late.get(s, 0): continue
         data, key = clip[k]
         eid, encode_id[s] = encode_id[s], encode_id[s] + 1
         if args.drop_every and eid % args.drop_every == args.drop_every - 1: continue   # lost on the way

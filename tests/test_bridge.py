@@ -1,7 +1,7 @@
 """camerad's bridge source against modeld-fakedevice, a comma device as openpilot's encoder and bridge serve it (HEVC
 over TCP on the bridge's ports), all real processes: the daemons answer with the device's frame ids and their outputs
 reach the device as its bridge pulls them; lost packets, a restarting device, one camera, a camera of another size,
-a device that goes quiet."""
+a device that goes quiet, a camera that starts late, a camerad that falls behind: what is served stays current."""
 import json, random, re, signal, subprocess, sys, threading, time
 import pytest
 import zmq
@@ -107,15 +107,21 @@ def test_the_daemons_answer_with_the_devices_frame_ids_and_the_device_pulls_thei
   assert got["modelV2"].modelV2.frameId in road and got["driverStateV2"].driverStateV2.frameId in driver   # what the device got back
   assert {s: ev.which() for s, ev in got.items()} == {s: s for s in DAEMON_OUTPUTS}
 
-def served_ids(seconds: float) -> list[int]:
-  """roadCameraState frame ids camerad serves for a while, in order."""
-  out, deadline = Collector(["roadCameraState"]), time.monotonic() + seconds
+def served(seconds: float, service: str = "roadCameraState") -> list[tuple[int, float]]:
+  """(frame id, age in s at its arrival here) of each camera state camerad serves for a while, in order. The fake
+  device's clock is this machine's, so the age is from the device's end of frame."""
+  out, deadline, got = Collector([service]), time.monotonic() + seconds, []
   try:
     while time.monotonic() < deadline:
       out.poll()
-      time.sleep(0.05)
+      got += [(getattr(m, service).frameId, (time.monotonic_ns() - getattr(m, service).timestampEof) / 1e9) for m in out.msgs[service]]
+      out.msgs[service].clear()
+      time.sleep(0.01)
   finally: out.close()
-  return [m.roadCameraState.frameId for m in out.msgs["roadCameraState"]]
+  return got
+
+def served_ids(seconds: float) -> list[int]:
+  return [i for i, _ in served(seconds)]
 
 def test_lost_packets_and_a_restarting_device_never_serve_a_picture_from_a_missing_reference(scene, addr, procs):
   """Every 7th packet of each camera lost on the way, the device restarting every 50 frames (frame ids and encodeIds
@@ -131,13 +137,53 @@ def test_lost_packets_and_a_restarting_device_never_serve_a_picture_from_a_missi
   cam.stop()
   assert re.search(r"skipped \d+: road: frames lost on the way", cam.output()) and "road encoder restarted" in cam.output(), cam.output()
 
-def test_a_device_with_only_a_road_camera(scene, tiny_artifacts, addr, procs):
+def test_a_device_with_only_a_road_camera_is_served_at_once_and_kept_current(scene, tiny_artifacts, addr, procs):
+  """No waiting for cameras that never come, so no backlog: every frame served is at most a few frame periods old
+  (the device's EOF to its camera state here; a backlog of the 3 s an earlier camerad waited made it 3 s)."""
   device(procs, scene, addr, "--cameras", "road")
   camerad(procs, addr, "--artifacts", tiny_artifacts)
   assert VisionIpcClient.available_streams("camerad", False) == {ROAD}
   out, (d, n) = Collector(["modelV2"]), start_daemon("modeld", tiny_artifacts)
   try: assert len(out.wait("modelV2", 5, 30)) >= 5
   finally: out.close(); d.stop(); n.close()
+  ages = [age for _, age in served(2)]
+  assert len(ages) >= 20 and max(ages) < 0.5, ages
+
+def test_a_camera_that_starts_late_joins_and_modeld_takes_it_up(scene, tiny_artifacts, addr, procs):
+  """The wide camera starts 3 s after the road one: camerad serves road at once, adds wide at its first frame, and
+  modeld, running on road alone meanwhile, reconnects to run road and wide together."""
+  device(procs, scene, addr, "--late", "wide=3")
+  cam = camerad(procs, addr, "--artifacts", tiny_artifacts)
+  assert VisionIpcClient.available_streams("camerad", False) == {ROAD, DRIVER}
+  out, (d, n) = Collector(["modelV2"]), start_daemon("modeld", tiny_artifacts)
+  try:
+    assert len(out.wait("modelV2", 5, 30)) >= 5
+    cam.wait_for("the wide camera joined", 10)
+    deadline = time.monotonic() + 20
+    while f"stream {WIDE_ROAD} " not in d.stderr():
+      assert time.monotonic() < deadline, d.stderr()
+      time.sleep(0.1)
+    out.msgs["modelV2"].clear()
+    assert len(out.wait("modelV2", 5, 30)) >= 5
+  finally: out.close(); d.stop(); n.close()
+  assert VisionIpcClient.available_streams("camerad", False) == {ROAD, WIDE_ROAD, DRIVER}
+  assert re.search(rf"connected to 'camerad': stream {ROAD} .*, stream {WIDE_ROAD} ", d.stderr()), d.stderr()
+
+def test_a_camerad_that_fell_behind_skips_to_the_newest_keyframe(scene, addr, procs):
+  """camerad stopped for 2 s while the device sends on (a slow machine): the 40 frames a camera queued are not served
+  late; camerad starts again at the newest keyframe among them, counts what it skipped, and what it serves after is
+  current."""
+  device(procs, scene, addr, "--cameras", "road")
+  cam = camerad(procs, addr)
+  assert served(1)
+  cam.proc.send_signal(signal.SIGSTOP)
+  time.sleep(2)
+  cam.proc.send_signal(signal.SIGCONT)
+  got = served(2)
+  assert len(got) >= 20 and max(age for _, age in got) < 1, got   # not the 2 s backlog
+  assert [i for i, _ in got] == sorted(i for i, _ in got), got
+  cam.stop()
+  assert re.search(r"skipped \d+: road: frames behind, skipped to the newest keyframe", cam.output()), cam.output()
 
 def test_a_camera_of_a_size_no_artifact_has_is_refused_naming_the_command(tmp_path, tiny_artifacts, addr, procs):
   p = tmp_path / "scene.json"

@@ -548,3 +548,32 @@ def test_lockstep_with_the_real_daemons(tmp_path):
     for d in daemons.values(): d.stop()
     col.close()
     for n in notify.values(): n.close()
+
+def test_real_time_pacing_skips_what_it_is_late_for_and_never_builds_a_backlog(tmp_path):
+  """camerad stopped for 1.5 s (a slow machine) while serving a scene in real time: after it, the frames it is late
+  for are skipped and counted, not served late, so the frame served is again the one real time is at (a pacing that
+  started counting from the resume would stay 30 frames behind for good)."""
+  (scene := tmp_path / "long.json").write_text(json.dumps({**TINY, "frames": 100}))   # 5 s: no loop, frame id = scene frame
+  p = camerad("--source", f"synthetic:{scene}", "--cameras", "road")
+  sock = messaging.sub_sock("roadCameraState", timeout=100)
+  try:
+    wait_for_server(p)
+    got = []   # (frame id, arrival s)
+    def collect(seconds: float) -> None:
+      deadline = time.monotonic() + seconds
+      while time.monotonic() < deadline:
+        if (dat := sock.receive()) is not None: got.append((messaging.log_from_bytes(dat).roadCameraState.frameId, time.monotonic()))
+    collect(1)
+    p.send_signal(signal.SIGSTOP)
+    time.sleep(1.5)
+    p.send_signal(signal.SIGCONT)
+    collect(1.5)
+    p.send_signal(signal.SIGTERM)
+    rc, err = finish(p)
+  finally:
+    if p.poll() is None: p.kill()
+    sock.close()
+  assert rc == 0, err
+  (i0, t0), (i1, t1) = got[0], got[-1]
+  assert abs((i1 - i0) - (t1 - t0) * 20) <= 4, (got[0], got[-1])   # on schedule at the end, not 30 frames behind
+  assert re.search(r"skipped \d+: road: late, not served \(over 100 ms behind real time\)", err), err

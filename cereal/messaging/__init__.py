@@ -100,6 +100,10 @@ class PubMaster:
   def __init__(self, services: list[str]):
     self.sock = {s: pub_sock(s) for s in services}
 
+  def add(self, s: str) -> None:
+    """Publish one more service (the state of a camera that joined a live source)."""
+    if s not in self.sock: self.sock[s] = pub_sock(s)
+
   def send(self, s: str, dat) -> None:
     """dat: an Event builder or its bytes."""
     self.sock[s].send(dat if isinstance(dat, (bytes, bytearray, memoryview)) else dat.to_bytes())
