@@ -3,7 +3,7 @@
 
 1. the small test models in a 1928x1208 artifact; 2. warps and reference models against their targets; 3. real-size
 models (onnx, random weights) against onnxruntime, with a per-kernel profile; 4. a --reference build. docs/PERFORMANCE.md.
-usage: bench/runtime.py [--beam 2] [--parts small,reference,realsize,build]"""
+usage: bench/runtime.py [--beam 2] [--parts small,reference,realsize,build] [--threads 1,2,4,8]"""
 import argparse, os, pathlib, subprocess, sys, tempfile, time
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
@@ -261,7 +261,16 @@ def fma_peak(width: int, chains: int = 12) -> float:
 # the real-size builds: (BEAM, --winograd, --schedule); 'tinygrad': its own kernel heuristics, the importer as now
 BUILDS = {'tinygrad': (0, 'off', 'tinygrad'), 'default': (0, 'rule', 'shape'), 'best': (None, 'rule', 'shape')}
 
-def realsize(beam: int) -> None:
+def cpu_line() -> str:
+  """The CPU's model and the instruction-set features the shape schedule reads (modelrt.artifact.cpu_features)."""
+  from modelrt.artifact import cpu_features
+  model = next((l.split(':', 1)[1].strip() for l in open('/proc/cpuinfo') if l.startswith(('model name', 'Model'))), 'unknown')
+  feats = cpu_features()
+  isa = 'AVX-512' if 'avx512f' in feats else 'AVX2' if 'avx2' in feats else 'AVX' if 'avx' in feats else 'NEON' if 'asimd' in feats else 'SSE'
+  vec = ', '.join(f for f in feats if f.startswith(('avx', 'fma', 'asimd', 'sve')))
+  return f"CPU: {model}, {isa} ({vec}), {len(os.sched_getaffinity(0))} cores free to this process"
+
+def realsize(beam: int, counts: list[int]) -> None:
   from tinygrad import Tensor
   from tests.onnx_models import policy_onnx
   from msgq.visionipc.layout import NV12Layout
@@ -269,7 +278,7 @@ def realsize(beam: int) -> None:
   from modelrt.compile import build_family
   from modelrt.artifact import load_artifact, cpu_features
   from modelrt.schedule import vector_width
-  from modelrt.profile import kernel_profile, format_profile
+  from modelrt.profile import kernel_profile, format_profile, format_thread_times
 
   width = vector_width(cpu_features())
   peak = fma_peak(width)
@@ -285,9 +294,9 @@ def realsize(beam: int) -> None:
               'dm': {'dm': load_onnx(models['dm'][0], 'dm')}}
   rng = np.random.default_rng(0)
   for family, model in (('road', 'vision'), ('dm', 'dm')):
-    sess = {n: ort_session(models[model][0], n) for n in (1, 2)}
-    feed = random_feed(sess[1], rng)
-    want = sess[1].run(None, feed)[0][0]
+    sess = ort_session(models[model][0])
+    feed = random_feed(sess, rng)
+    want = sess.run(None, feed)[0][0]
     runs, fns = {}, {}
     for name, (b, wino, schedule) in BUILDS.items():
       b = beam if b is None else b
@@ -303,22 +312,33 @@ def realsize(beam: int) -> None:
             f"{err:.1e} of its largest output ({'within' if err <= 1e-4 else 'NOT within'} 1e-4)")
       runs[name] = g, inputs
       fns[name] = lambda g=g, inputs=inputs: g.run(inputs)
-    g2 = load_artifact(CACHE / 'bench-realsize' / 'shape-beam0-winograd-rule', family).models[model]   # its own buffers
-    g2.threads = 2
-    fns['default, 2 threads'] = lambda g=g2, inputs=runs['default'][1]: g.run(inputs)
-    np.testing.assert_array_equal(fns['default, 2 threads'](), fns['default']())
-    for n, se in sess.items(): fns[f'onnxruntime, {n} thread{"s" * (n > 1)}'] = lambda se=se, feed=feed: se.run(None, feed)
+    for n in counts:   # the default build on n threads, each its own load (its own buffers), against onnxruntime on as many
+      if n == 1: continue
+      (g2 := load_artifact(CACHE / 'bench-realsize' / 'shape-beam0-winograd-rule', family).models[model]).threads = n
+      fns[f'default, {n} threads'] = lambda g=g2, inputs=runs['default'][1]: g.run(inputs)
+      np.testing.assert_array_equal(fns[f'default, {n} threads'](), fns['default']())   # bit for bit one thread's
+      runs[f'default, {n} threads'] = g2, runs['default'][1]
+    for n in counts:
+      se = ort_session(models[model][0], n)
+      fns[f'onnxruntime, {n} thread{"s" * (n > 1)}'] = lambda se=se, feed=feed: se.run(None, feed)
     ts = interleaved(fns, blocks=6, per_block=5)
     p50 = {k: pct(v, 50) for k, v in ts.items()}
     print(f"real-size {model}, guarded replay against onnxruntime, interleaved (p50 / p99):")
     for k, v in ts.items(): print(f"  {k:26s} {ms(p50[k])} / {ms(pct(v, 99))}")
-    ort1, ort2 = p50['onnxruntime, 1 thread'], p50['onnxruntime, 2 threads']
+    ort1 = p50['onnxruntime, 1 thread']
     for k, target in (('tinygrad', None), ('default', 3.0), ('best', 2.0 if model == 'vision' else None)):
       r = p50[k] / ort1
       print(f"  {k} / onnxruntime 1 thread: {r:.2f}" + (f" (target <= {target}: {'met' if r <= target else 'NOT met'})" if target else ''))
-    r = p50['default, 2 threads'] / p50['default']
-    print(f"  default 2 threads / 1 thread: {r:.2f}" + (f" (target <= 0.6: {'met' if r <= 0.6 else 'NOT met'})" if model == 'vision' else '')
-          + f"; 2 threads / onnxruntime 2 threads: {p50['default, 2 threads'] / ort2:.2f}")
+    for n in counts[1:]:
+      mine, ort = p50[f'default, {n} threads'], p50[f'onnxruntime, {n} threads']
+      met = f" (target <= 2.0: {'met' if mine / ort <= 2.0 else 'NOT met'})" if n == 8 else ''
+      print(f"  {n} threads: default {mine / p50['default']:.2f} of its 1 thread (onnxruntime {ort / ort1:.2f} of its own); "
+            f"default / onnxruntime at {n} threads: {mine / ort:.2f}{met}")
+    if len(counts) > 1:
+      g, inputs = runs[f'default, {counts[-1]} threads']
+      print(f"real-size {model} default on {counts[-1]} threads: top 12 kernels, each thread's ms in its launches and the share of "
+            f"the kernel's time the threads waited at its barrier (median of 10 replays):")
+      print('\n'.join('  ' + l for l in format_thread_times([g.thread_times(inputs) for _ in range(10)], 12)))
     for name in ('tinygrad', 'default'):
       print(f"real-size {model} {name}: top 12 kernels (each launched alone, tinygrad's FLOP and byte estimates, fraction of the FMA peak):")
       print('\n'.join('  ' + l for l in format_profile(kernel_profile(runs[name][0].jit, runs[name][1], runs=3), 12, peak)))
@@ -337,16 +357,21 @@ def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   ap.add_argument('--beam', type=int, default=2, help="BEAM width of the real-size builds (searched once per machine, then cached; default 2)")
   ap.add_argument('--parts', default='small,reference,realsize,build', help="comma list of: small, reference, realsize, build (default: all)")
+  ap.add_argument('--threads', metavar='LIST', help="thread counts of the real-size runs, ours and onnxruntime's (default: 1, 2, 4, 8 up to "
+                  "the cores free to this process)")
   args = ap.parse_args()
   t0 = time.perf_counter()
   from tinygrad import Device
   Device[Device.DEFAULT]
   print(f"tinygrad import + {Device.DEFAULT} device start: {ms(time.perf_counter() - t0)} (once per process, before any model); "
         f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
+  print(cpu_line())
+  free = len(os.sched_getaffinity(0))
+  counts = sorted({int(n) for n in args.threads.split(',')} | {1}) if args.threads else [n for n in (1, 2, 4, 8) if n <= free]
   parts = args.parts.split(',')
   if 'small' in parts: small_models()
   if 'reference' in parts: reference()
-  if 'realsize' in parts: realsize(args.beam)
+  if 'realsize' in parts: realsize(args.beam, counts)
   if 'build' in parts: build_time()
 
 if __name__ == '__main__': main()

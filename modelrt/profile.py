@@ -5,6 +5,7 @@ and GB/s from tinygrad's own estimates), and how many calls it dispatches. Runs 
 after a replay (so the intermediate buffers hold real data); the replay itself is unchanged."""
 from __future__ import annotations
 import re, time
+import numpy as np
 from dataclasses import dataclass
 from tinygrad import Device, Tensor, TinyJit
 from tinygrad.engine.realize import ExecContext, pm_exec, get_call_name, get_call_arg_uops, estimate_uop
@@ -31,7 +32,7 @@ def _calls(linear: UOp) -> list[UOp]:
     else: out.append(c)
   return out
 
-def _name(call: UOp) -> str:
+def call_name(call: UOp) -> str:
   try: return re.sub(r'\x1b\[[0-9;]*m', '', get_call_name(call, get_call_arg_uops(call)))   # without its colours
   except NotImplementedError: return str(call.src[0].op)
 
@@ -53,7 +54,7 @@ def kernel_profile(jit: TinyJit, inputs: dict[str, Tensor], runs: int = 5) -> li
   out = []
   for c, ts in zip(calls, times):
     est = estimate_uop(c)
-    out.append(KernelTime(_name(c), sorted(ts)[len(ts) // 2], float(sym_infer(est.ops, var_vals)), float(sym_infer(est.mem, var_vals))))
+    out.append(KernelTime(call_name(c), sorted(ts)[len(ts) // 2], float(sym_infer(est.ops, var_vals)), float(sym_infer(est.mem, var_vals))))
   return out
 
 def format_profile(ks: list[KernelTime], top: int = 10, peak_gflops: float | None = None) -> list[str]:
@@ -67,3 +68,14 @@ def format_profile(ks: list[KernelTime], top: int = 10, peak_gflops: float | Non
   lines.append(f"{'all ' + str(len(ks)) + ' calls, each run alone':40s} {total * 1e3:8.3f} 100.0% {flops / total / 1e9:8.1f} {'':7s}"
                f"{peak(flops / total / 1e9)}")
   return lines
+
+def format_thread_times(replays: list[list[tuple[str, np.ndarray]]], top: int = 10) -> list[str]:
+  """Replay.thread_times of several replays as table lines: the `top` kernels by median time, each thread's median ms
+  in its launches, and the share of the kernel's time the threads waited at its barrier on average; then the totals."""
+  names = [name for name, _ in replays[0]]
+  med = np.median(np.stack([np.stack([t for _, t in r]) for r in replays]).astype(np.float64) / 1e6, axis=0)   # (kernels, threads + 1)
+  def idle(m: np.ndarray) -> float: return 1 - m[:-1].mean() / m[-1] if m[-1] else 0.
+  def line(name: str, m: np.ndarray) -> str: return f"{name[:40]:40s} {m[-1]:7.3f} " + ' '.join(f"{x:6.3f}" for x in m[:-1]) + f" {idle(m) * 100:5.1f}%"
+  lines = [f"{'kernel':40s} {'ms':>7s} " + ' '.join(f"{'t' + str(i):>6s}" for i in range(med.shape[1] - 1)) + f" {'idle':>6s}"]
+  lines += [line(names[i], med[i]) for i in np.argsort(-med[:, -1])[:top]]
+  return lines + [line(f"all {len(names)} kernels", med.sum(0))]

@@ -4,7 +4,7 @@ its end), the JIT's own kernels launched with their arguments bound once (tinygr
 a kernel), optionally shared out to threads, and the output copied out before the next replay writes over it. Camera
 buffers enter as from_blob tensors, cached per ring slot (CameraTensors). docs/RUNTIME.md says more."""
 from __future__ import annotations
-import ctypes, functools, threading, weakref
+import ctypes, functools, weakref
 from typing import Protocol
 from dataclasses import MISSING, dataclass, asdict, fields
 import numpy as np
@@ -16,6 +16,9 @@ from tinygrad.engine.realize import ExecContext, get_call_arg_uops, get_runtime,
 from tinygrad.helpers import disable_gc
 from tinygrad.uop.ops import Ops, UOp, buffers
 from msgq.visionipc.layout import NV12Layout
+from modelrt import threads
+from modelrt.profile import call_name
+from modelrt.threads import Plan
 from modelrt.internals import copy_input, from_np_dtype, prepare_jit_inputs, to_np_dtype, written_uops
 
 ALIGN = 64   # bytes: from_blob's kernels need 16 (clang's CPU kernels segfault on less); a cache line to be safe
@@ -79,12 +82,13 @@ class _Launch:
   """One CPU kernel: its function, one argument tuple per thread index, and which arguments are JIT inputs."""
   def __init__(self, call: UOp):
     ast, args = call.src[0], get_call_arg_uops(call)
-    rt = get_runtime('CPU', ast)
+    rt, self.name = get_runtime('CPU', ast), call_name(call)
     self.fxn = rt.fxn
     self.args = [ctypes.c_uint64(0 if b.op is Ops.PARAM else b.buffer.ensure_allocated().get_buf('CPU').va_addr)
                  for b in (args[i] for i in ast.arg.globals)]
     self.args += [ctypes.c_uint64(v or 0) for v in ast.arg.vals({})]
-    self.inputs = [(self.args[j], args[i].arg.slot) for j, i in enumerate(ast.arg.globals) if args[i].op is Ops.PARAM]
+    self.slots = [(j, args[i].arg.slot) for j, i in enumerate(ast.arg.globals) if args[i].op is Ops.PARAM]   # (argument, input)
+    self.inputs = [(self.args[j], slot) for j, slot in self.slots]
     (threads, *_), _ = ast.arg.launch_dims({})
     core = rt.runtimevars.get('core_id')
     self.launches = [tuple(ctypes.c_uint64(t) if j == core else a for j, a in enumerate(self.args)) for t in range(threads)] \
@@ -97,45 +101,9 @@ class _Launch:
   def bind_inputs(self, addrs: list[int]) -> None:
     for a, slot in self.inputs: a.value = addrs[slot]
 
-class _Team:
-  """n - 1 daemon threads that run, with the calling thread, their share of each multi-launch kernel of a replay's plan:
-  [(steps the caller runs alone first, the kernel whose launches are shared)], a barrier after each shared kernel."""
-  def __init__(self, n: int):
-    self.n, self.plan, self.start, self.done, self.lock = n, [], threading.Barrier(n), threading.Barrier(n), threading.Lock()
-    for i in range(1, n): threading.Thread(target=self._work, args=(i,), daemon=True, name=f'replay-{i}').start()
-
-  def _work(self, i: int) -> None:
-    try:
-      while True:
-        self.start.wait()   # a replay: its plan is set
-        for k, (alone, launch) in enumerate(self.plan):
-          if alone and k: self.start.wait()   # the caller ran steps of its own since the last shared kernel
-          for args in launch.launches[i::self.n]: launch.fxn(*args)
-          self.done.wait()
-    except threading.BrokenBarrierError: pass   # the caller failed mid-replay and dropped this team
-
-  def run(self, plan: list, tail: list, step) -> None:
-    with self.lock:   # replays in other threads wait their turn
-      self.plan = plan
-      try:
-        for k, (alone, launch) in enumerate(plan):
-          for s in alone: step(s)
-          if not k or alone: self.start.wait()
-          for args in launch.launches[::self.n]: launch.fxn(*args)
-          self.done.wait()
-        for s in tail: step(s)
-      except BaseException:
-        self.start.abort()
-        self.done.abort()
-        raise
-
-_teams: dict[int, _Team] = {}
-_teams_lock = threading.Lock()
-
-def _team(n: int) -> _Team:
-  with _teams_lock:
-    if (t := _teams.get(n)) is None or t.start.broken: t = _teams[n] = _Team(n)
-    return t
+  def native(self) -> tuple[int, list[list[int]], list[tuple[int, int]]]:
+    """What a threads.Plan takes of this kernel: its address, each launch's arguments, where its inputs go."""
+    return ctypes.cast(self.fxn, ctypes.c_void_p).value, [[a.value for a in launch] for launch in self.launches], self.slots
 
 def _bindable(call: UOp) -> bool:
   """A kernel on the CPU device (clang or LLVM code), its only variable the thread index, each argument an input or
@@ -202,18 +170,30 @@ class Replay:
     self._checked[key] = ([weakref.ref(u) for u in uops], var_vals)
     return input_uops, var_vals
 
-  def _split(self) -> tuple[list, list]:
-    """The steps as [(steps run alone, a kernel of several launches)] and the steps after the last such kernel."""
-    plan, alone = [], []
-    for s in self.steps:
-      if isinstance(s, _Launch) and len(s.launches) > 1: plan, alone = plan + [(alone, s)], []
-      else: alone.append(s)
-    return plan, alone
+  def _split(self) -> list[tuple[list, Plan | None]]:
+    """The steps as [(steps the caller runs alone, a Plan of the kernels after them)]."""
+    out, alone, kernels = [], [], []
+    for s in self.steps + [None]:
+      if isinstance(s, _Launch): kernels.append(s)
+      elif kernels or s is None:
+        out, alone, kernels = out + [(alone, Plan([k.native() for k in kernels], [k.name for k in kernels]) if kernels else None)], [], []
+      if s is not None and not isinstance(s, _Launch): alone.append(s)
+    return out
+
+  def thread_times(self, inputs: dict[str, Tensor]) -> list[tuple[str, np.ndarray]]:
+    """One replay (threads > 1) timed per kernel the team runs: (name, ns of each thread in its launches, then the
+    kernel's own up to the barrier after it); the difference is what a thread waited at that barrier."""
+    if self.threads == 1: raise ValueError(f"{self.name}: thread_times needs threads > 1")
+    self.check(inputs)
+    timed: list[tuple[Plan, np.ndarray]] = []
+    self._launch(inputs, timed)
+    return [(name, t) for plan, times in timed for name, t in zip(plan.names, times)]
 
   @disable_gc()
-  def _launch(self, inputs: dict[str, Tensor]) -> Tensor | None:
+  def _launch(self, inputs: dict[str, Tensor], timed: list | None = None) -> Tensor | None:
     """The captured kernels, their buffers and order, so the outputs are the JIT's own bit for bit; calls that are not
-    CPU kernels (copies of host inputs to the device) through tinygrad's exec path."""
+    CPU kernels (copies of host inputs to the device) through tinygrad's exec path. timed: gets (plan, times) of
+    each plan the team runs (thread_times)."""
     cap = self.jit.captured
     self.bind()
     if not any(isinstance(s, _Launch) for s in self.steps): return self.jit(**inputs)
@@ -229,9 +209,13 @@ class Replay:
       for s in self.steps: step(s)
       return cap.ret
     if self._plan is None: self._plan = self._split()
-    for s in self.steps:
-      if isinstance(s, _Launch): s.bind_inputs(addrs)
-    _team(self.threads).run(*self._plan, step)
+    team = threads.team(self.threads)
+    for alone, plan in self._plan:
+      for s in alone: step(s)
+      if plan is not None:
+        plan.set(addrs)
+        if timed is not None: timed.append((plan, np.zeros((len(plan.steps), self.threads + 1), np.uint64)))
+        team.run(plan, timed[-1][1] if timed else None)
     return cap.ret
 
 class CameraBuffer(Protocol):

@@ -12,7 +12,7 @@ from tinygrad.uop.ops import Ops, UOp
 from modelrt import internals
 
 BLOCK = 8       # accumulator vectors per kernel iteration: enough independent FMA chains to hide their latency
-LAUNCHES = 8    # a scheduled kernel's launches (tinygrad's THREAD opt): what `--threads N` shares out; NUM_CPU_THREADS in a build
+LAUNCHES = 16   # a scheduled kernel's launches (tinygrad's THREAD opt): what `--threads N` shares out; NUM_CPU_THREADS in a build
 
 def vector_width(features: list[str]) -> int:
   """float32 lanes of the widest vector registers the instruction-set features (modelrt.artifact.cpu_features) give."""
@@ -61,10 +61,12 @@ def conv_opts(k, width: int, launches: int = LAUNCHES) -> list[Opt]:
       if left > 1: left //= upcast(r, min(left, 2) if _stride(out, r) == 1 else left)
     if k.unrollable_dims and ((s := k.full_shape[k.unrollable_dims[-1]]) <= 4 or s % 4 == 0):   # a conv's kernel width, else by 4
       k.apply_opt(Opt(OptOps.UNROLL, len(k.unrollable_dims) - 1, 0 if s <= 4 else 4))
-    for r in axes:   # the outermost output axis left (not the vector axis: cut, its loads stop vectorizing) into launches
-      if r is not vec and size(r) > 1 and (t := next((t for t in range(launches, 1, -1) if size(r) % t == 0), 0)):
-        k.apply_opt(Opt(OptOps.THREAD, axis(r), t))
-        break
+    # the output axis left that cuts into the most launches, the outermost of those (not the vector axis: cut, its loads
+    # stop vectorizing); the most, not the outermost alone: a first axis of 2 would leave every thread past the second idle
+    cuts = [(t, -i, r) for i, r in enumerate(axes) if r is not vec and size(r) > 1 and (t := next((t for t in range(launches, 1, -1) if size(r) % t == 0), 0))]
+    if cuts:
+      t, _, r = max(cuts, key=lambda c: c[:2])
+      k.apply_opt(Opt(OptOps.THREAD, axis(r), t))
   except KernelOptError: return []
   return list(k.applied_opts)
 

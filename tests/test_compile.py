@@ -199,7 +199,7 @@ def test_a_reduction_before_a_concat_runs_in_its_own_kernel(tmp_path):
   outputs, 2.5x slower). The output stays onnxruntime's."""
   from tinygrad import TinyJit
   from tinygrad.engine.realize import get_call_arg_uops
-  from modelrt.profile import _calls, _name
+  from modelrt.profile import _calls, call_name
   ort = pytest.importorskip('onnxruntime')
   md, rng = load_onnx(p := dm_onnx(tmp_path / 'dm.onnx'), 'dm'), np.random.default_rng(0)
   jit = TinyJit(lambda **kw: md.fn(**kw).contiguous().realize())
@@ -207,7 +207,7 @@ def test_a_reduction_before_a_concat_runs_in_its_own_kernel(tmp_path):
     x = {'input_img': rng.integers(0, 255, (1, 1440 * 960), dtype=np.uint8), 'calib': rng.standard_normal((1, 3)).astype(np.float32)}
     out = jit(**{k: Tensor(v).realize() for k, v in x.items()}).numpy()
   np.testing.assert_allclose(out, ort.InferenceSession(str(p)).run(None, x)[0], rtol=1e-5, atol=1e-5)
-  written = [get_call_arg_uops(c)[0].shape for c in _calls(jit.captured.linear) if _name(c).startswith('r_')]
+  written = [get_call_arg_uops(c)[0].shape for c in _calls(jit.captured.linear) if call_name(c).startswith('r_')]
   assert (1,) in written and (4,) not in written, written   # the mean's own output, not the concat's
 
 def test_winograd_takes_the_dense_3x3_stride_1_convolutions_only(tmp_path):
@@ -215,7 +215,7 @@ def test_winograd_takes_the_dense_3x3_stride_1_convolutions_only(tmp_path):
   kernels), a depthwise one stays direct (the same kernels); the outputs stay onnxruntime's."""
   from onnx import helper
   from tinygrad import TinyJit
-  from modelrt.profile import _calls, _name
+  from modelrt.profile import _calls, call_name
   from tests.onnx_models import save_model
   ort = pytest.importorskip('onnxruntime')
   rng = np.random.default_rng(0)
@@ -232,7 +232,7 @@ def test_winograd_takes_the_dense_3x3_stride_1_convolutions_only(tmp_path):
         jit = TinyJit(lambda fn=md.fn, **kw: fn(**kw).contiguous().realize())
         for _ in range(3): out = jit(x=Tensor(x['x']).realize()).numpy()
       np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
-      kernels[wino] = sorted(_name(c) for c in _calls(jit.captured.linear))
+      kernels[wino] = sorted(call_name(c) for c in _calls(jit.captured.linear))
     assert (kernels[0] != kernels[1]) == (name == 'dense'), (name, kernels)
 
 def test_sigterm_mid_build_leaves_nothing(tmp_path):
@@ -255,7 +255,7 @@ def test_shape_schedule_keeps_onnxruntimes_outputs(tmp_path):
   within 1e-4 (relative)."""
   from onnx import helper
   from tinygrad import TinyJit
-  from modelrt.profile import _calls, _name
+  from modelrt.profile import _calls, call_name
   from modelrt.schedule import scheduled
   from tests.onnx_models import save_model
   ort = pytest.importorskip('onnxruntime')
@@ -276,7 +276,7 @@ def test_shape_schedule_keeps_onnxruntimes_outputs(tmp_path):
       jit = TinyJit(lambda fn=md.fn, **kw: fn(**kw).contiguous().realize())
       for _ in range(3): out = jit(x=Tensor(x['x']).realize()).numpy()
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
-    kernels[schedule] = sorted(_name(c) for c in _calls(jit.captured.linear))
+    kernels[schedule] = sorted(call_name(c) for c in _calls(jit.captured.linear))
   assert kernels['shape'] != kernels['tinygrad'], kernels
 
 def test_winograd_by_the_rule_takes_the_convolutions_on_large_images_only(tmp_path):
@@ -286,7 +286,7 @@ def test_winograd_by_the_rule_takes_the_convolutions_on_large_images_only(tmp_pa
   from onnx import helper
   from tinygrad import TinyJit
   from modelrt.onnx_import import WINOGRAD_MIN_PIXELS, winograd
-  from modelrt.profile import _calls, _name
+  from modelrt.profile import _calls, call_name
   from tests.onnx_models import save_model
   ort = pytest.importorskip('onnxruntime')
   rng = np.random.default_rng(0)
@@ -304,7 +304,7 @@ def test_winograd_by_the_rule_takes_the_convolutions_on_large_images_only(tmp_pa
         jit = TinyJit(lambda fn=md.fn, **kw: fn(**kw).contiguous().realize())
         for _ in range(3): out = jit(x=Tensor(x['x']).realize()).numpy()
       np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
-      kernels[mode] = sorted(_name(c) for c in _calls(jit.captured.linear))
+      kernels[mode] = sorted(call_name(c) for c in _calls(jit.captured.linear))
     assert kernels['all'] != kernels['off'] and kernels['rule'] == kernels['all' if h * wd >= WINOGRAD_MIN_PIXELS else 'off'], (h, kernels)
   with pytest.raises(ValueError, match="winograd: expected one of \\('rule', 'all', 'off'\\), got 'some'"):
     with winograd('some'): pass

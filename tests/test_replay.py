@@ -149,15 +149,16 @@ def test_the_signature_check_is_kept_once_per_set_of_inputs_and_holds_no_input()
   assert ref() is None, "the replay keeps a from_blob input alive past its last Tensor"
 
 def test_threads_share_a_kernels_launches_bit_for_bit():
-  """threads=N runs each kernel's launches (here a matmul in 8, as modeld-compile schedules it) on N threads: the
-  outputs are threads=1's bit for bit, with the inputs bound anew each replay; a count below 1 is refused."""
+  """threads=N runs each kernel's launches (here a matmul in LAUNCHES, as modeld-compile schedules it) on N threads,
+  natively: the outputs are threads=1's bit for bit, with the inputs bound anew each replay, whether N divides the
+  launches or not; thread_times gives each thread's time in each kernel; a count below 1 is refused."""
   import pytest
   from tinygrad.helpers import Context
-  from modelrt.schedule import scheduled
+  from modelrt.schedule import LAUNCHES, scheduled
   rng = np.random.default_rng(0)
   w = Tensor(rng.standard_normal((96, 256)).astype(np.float32)).realize()
-  def fn(x: Tensor) -> Tensor: return (x.to('CPU').reshape(64, 96) @ w).relu().contiguous().realize()
-  xs = [rng.standard_normal(64 * 96).astype(np.float32) for _ in range(4)]
+  def fn(x: Tensor) -> Tensor: return (x.to("CPU").reshape(256, 96) @ w).relu().contiguous().realize()
+  xs = [rng.standard_normal(256 * 96).astype(np.float32) for _ in range(4)]
   with Context(PARALLEL=0), scheduled('CPU', 16):
     jit = TinyJit(fn)
     for a in xs[:3]: jit(x=host_tensor(a))
@@ -165,8 +166,14 @@ def test_threads_share_a_kernels_launches_bit_for_bit():
   for n in (1, 2, 3, 1):
     replay.threads = n
     outs[n] = [replay.run(dict(x=host_tensor(a))) for a in xs]
-  assert max(len(s.launches) for s in replay.steps if type(s).__name__ == '_Launch') == 8
+  assert max(len(s.launches) for s in replay.steps if type(s).__name__ == '_Launch') == LAUNCHES
   for n in (2, 3):
     for a, b in zip(outs[1], outs[n]): np.testing.assert_array_equal(a, b)
-  np.testing.assert_allclose(outs[2][0], np.maximum(xs[0].reshape(64, 96) @ w.numpy(), 0).reshape(-1), rtol=1e-5, atol=1e-5)
+  replay.threads = 3
+  (name, t), = [row for row in replay.thread_times(dict(x=host_tensor(xs[0]))) if row[0].startswith('r_')]   # the matmul
+  assert t.shape == (4,) and t[-1] >= t[:-1].max() > 0, t   # each thread's time in it, within the kernel's own
+  with pytest.raises(ValueError, match="thread_times needs threads > 1"):
+    replay.threads = 1
+    replay.thread_times(dict(x=host_tensor(xs[0])))
+  np.testing.assert_allclose(outs[2][0], np.maximum(xs[0].reshape(256, 96) @ w.numpy(), 0).reshape(-1), rtol=1e-5, atol=1e-5)
   with pytest.raises(ValueError, match="threads: expected a count >= 1, got 0"): replay.threads = 0
