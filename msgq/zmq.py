@@ -8,7 +8,8 @@ import zmq
 from msgq.pubsub import IpcError, MultiplePublishersError, max_message, prefix, tcp_port
 
 QUEUE_BYTES = 64 * 1024 * 1024        # one socket's queue for one peer holds at least this much of the largest message
-QUEUE_MESSAGES = 16384                # and a high-water mark of at least this many messages, whatever their size
+QUEUE_MESSAGES = 16384                # and a high-water mark of this many messages, whatever their size,
+QUEUE_CAP = 4 * 1024 ** 3             # unless that many of the largest would take more than this: then as many as fit
 MSG_OVERHEAD = 128                    # bytes libzmq spends per queued message besides its data (measured: 48-126)
 RECONNECT_IVL_MAX_S = 0.5             # a subscriber re-tries a missing publisher at least this often
 PUMP_S = 0.1                          # a publisher's thread applies subscriptions and looks for a newer publisher this often
@@ -80,10 +81,12 @@ def tcp_publisher(endpoint: str, segment_size: int) -> zmq.Socket | None:
 
 def queue_len(msg_size: int) -> int:
   """High-water mark (messages) of a queue of messages up to msg_size bytes (an endpoint's largest). libzmq counts
-  messages, not bytes: at least QUEUE_MESSAGES, so a burst of small messages fits (a Python sender outruns its own I/O
-  thread by thousands of them), and twice what holds QUEUE_BYTES of the largest, since libzmq learns what the other
-  end took only every half mark. Its memory: at most the mark times the queued messages' own size plus MSG_OVERHEAD."""
-  return max(QUEUE_MESSAGES, 2 * math.ceil(QUEUE_BYTES / (msg_size + MSG_OVERHEAD)))
+  messages, not bytes: QUEUE_MESSAGES, so a burst of small messages fits (a Python sender outruns its own I/O thread
+  by thousands of them), or as many of the largest as QUEUE_CAP holds where that is fewer (an endpoint of large
+  messages: a stopped reader must not pin its publisher's memory without end); and at least twice what holds
+  QUEUE_BYTES of the largest, since libzmq learns what the other end took only every half mark. Its memory: at most
+  the mark times the queued messages' own size plus MSG_OVERHEAD."""
+  return max(min(QUEUE_MESSAGES, QUEUE_CAP // (msg_size + MSG_OVERHEAD)), 2 * math.ceil(QUEUE_BYTES / (msg_size + MSG_OVERHEAD)))
 
 class _PubState:
   """What a publisher shares with its pump thread: the thread holds this, never the PubSocket. `owner` maps the
