@@ -49,7 +49,8 @@ def fill_frame(frame: av.VideoFrame, out: np.ndarray, layout: NV12Layout) -> Non
 class VideoDecoder:
   """Decoded frames of one video file or V4L2 device. Damaged packets are skipped and counted in `skipped`; so many in
   a row that nothing decodes is a VideoError. threads: decoder threads (0: as many as FFmpeg sees fit; 1 for a worker
-  that is meant to keep to one core)."""
+  that is meant to keep to one core). Threads share a picture's slices (or rows), never pictures: frame threads hold
+  a picture back per thread (late live frames) and, past a damaged one, drop the pictures one thread decodes."""
   def __init__(self, path: str | Path, skipped: Counter, fmt: str | None = None, options: dict | None = None, threads: int = 0):
     self.path, self.skipped = str(path), skipped
     try: self.container = av.open(self.path, format=fmt, options=options or {})
@@ -58,7 +59,7 @@ class VideoDecoder:
       self.container.close()
       raise VideoError(f"{path}: no video stream (streams: {[s.type for s in self.container.streams] or 'none'})")
     self.stream = st = self.container.streams.video[0]
-    st.thread_type, st.codec_context.thread_count = ("AUTO", 0) if threads != 1 else ("SLICE", 1)
+    st.thread_type, st.codec_context.thread_count = "SLICE", threads
     self.width, self.height = st.codec_context.width, st.codec_context.height
     if self.width <= 0 or self.height <= 0 or self.width % 2 or self.height % 2:
       self.container.close()
@@ -68,7 +69,7 @@ class VideoDecoder:
     self.fps = float(rate) if rate and 0 < float(rate) < 1000 else DEFAULT_FPS
 
   def frames(self) -> Iterator[av.VideoFrame]:
-    bad = 0
+    bad = packets_in = pictures = 0   # a packet holds one picture: the decoder drops some unsaid, counted at the end
     packets = self.container.demux(self.stream)
     while True:
       try: packet = next(packets)
@@ -82,12 +83,14 @@ class VideoDecoder:
         self.skipped[f"{self.path}: undecodable packet ({type(e).__name__})"] += 1
         if bad >= MAX_BAD_PACKETS: raise VideoError(f"{self.path}: {bad} packets in a row failed to decode ({e})") from None
         continue
+      packets_in += packet.size > 0
       for frame in decoded:
-        bad = 0
+        bad, pictures = 0, pictures + 1
         if (frame.width, frame.height) != (self.width, self.height):
           self.skipped[f"{self.path}: frame of {frame.width}x{frame.height} in a {self.width}x{self.height} stream"] += 1
           continue
         yield frame
+    if (lost := packets_in - pictures) > 0: self.skipped[f"{self.path}: packet decoded to no picture"] += lost
 
   def close(self) -> None: self.container.close()
 

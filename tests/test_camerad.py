@@ -262,6 +262,7 @@ def make_video(path: Path, codec: str, n: int = 12, w: int = 160, h: int = 96, f
   c = av.open(str(path), "w", format=fmt)
   st = c.add_stream(codec, rate=rate)
   st.width, st.height, st.pix_fmt = w, h, pix_fmt
+  if codec == "libx264": st.codec_context.options = {"x264-params": "cpu-independent=1"}   # the same bytes on every CPU
   if codec == "libx265": st.codec_context.options = {"preset": "ultrafast", "tune": "zerolatency", "x265-params": "log-level=error"}
   x = np.arange(w)[None, :] + 2 * np.arange(h)[:, None]
   for i in range(n):
@@ -326,7 +327,7 @@ def test_bad_video_files(tmp_path):
   (tmp_path / "cut.mp4").write_bytes(mp4.read_bytes()[:mp4.stat().st_size // 2])   # its index (moov) is at the end: gone
   (tmp_path / "cut.ts").write_bytes(good.read_bytes()[:good.stat().st_size // 2])
   d = bytearray(raw.read_bytes())
-  d[len(d) // 4::97] = b"\x00" * len(d[len(d) // 4::97])   # zeros sprinkled over 3/4 of the stream
+  d[len(d) // 4::53] = b"\x00" * len(d[len(d) // 4::53])   # zeros sprinkled over 3/4 of the stream
   (tmp_path / "damaged.h264").write_bytes(bytes(d))
   (tmp_path / "empty.mkv").write_bytes(b"")
   cases = {"garbage.mp4": (1, "cannot open as video"), "cut.mp4": (1, "cannot open as video"), "empty.mkv": (1, "cannot open as video"),
