@@ -108,26 +108,34 @@ class Daemon:
 
   def cameras(self, wanted: Callable[[set[int]], list[tuple[int, bool]] | str]) -> Iterator[Camera]:
     """Each connection to the camera server until stopped: its streams awaited, wanted(streams) ([(stream, conflate)],
-    or why none of them will do: looked at again in a second) connected, and closed once the caller is done with it."""
+    or why none of them will do: looked at again in a second) connected, and left once the caller is done with it (its
+    tensors over the buffers dropped). A stream's client is kept from one connection to the next: subscribed all along,
+    it misses no frame of a restarted server (a lockstep camera sends its first frame once and waits for the answer)."""
     from msgq.visionipc import VisionIpcClient
-    server = self.args.camera_server
-    while not self.stop:
-      self.stats.set_state(f"waiting for camera server {server!r}")
-      if (streams := wait_for_streams(server, self.stop, self.tick)) is None: return
-      if isinstance(want := wanted(streams), str):
-        self.log.error("camera server %r serves streams %s, %s; waiting", server, sorted(streams), want)
-        self.pause(1.)
-        continue
-      clients = [VisionIpcClient(server, s, conflate) for s, conflate in want]
-      try:
+    server, kept = self.args.camera_server, {}
+    try:
+      while not self.stop:
+        self.stats.set_state(f"waiting for camera server {server!r}")
+        if (streams := wait_for_streams(server, self.stop, self.tick)) is None: return
+        if isinstance(want := wanted(streams), str):
+          self.log.error("camera server %r serves streams %s, %s; waiting", server, sorted(streams), want)
+          self.pause(1.)
+          continue
+        for key in set(kept) - set(want): kept.pop(key).close()
+        for key in want:
+          if key not in kept: kept[key] = VisionIpcClient(server, *key)
+        clients = [kept[key] for key in want]
         if not connect(clients, self.stop, self.tick): continue
         self.log.info("connected to %r: %s", server, desc := ', '.join(f"stream {c.stream} ({c.layout})" for c in clients))
         self.stats.count('connects')
         self.stats.set_state(f"serving {server!r}: {desc}")
         yield Camera(self, clients, StreamWatch(server, streams, clients[0].server_id, wanted))
         if not self.stop: self.stats.count('disconnects')
-      finally:
-        for c in clients: c.close()
+        for c in clients:
+          if c.is_connected(): c.disconnect()
+          c.release_old_mappings()
+    finally:
+      for c in kept.values(): c.close()
 
   def ready(self) -> None:
     """READY=1, once: the models loaded and warmed up, the camera connected."""

@@ -494,6 +494,28 @@ def test_daemon_reconnects_to_a_restarted_server_that_waits_for_it(artifacts):
     cam.close(); col.close(); notify.close()
   assert rc == 0
 
+def test_the_first_frame_of_a_restarted_camera_is_answered(artifacts):
+  """A camera restarted while frames flow sends its first frame as soon as the daemon's subscription reaches it (as
+  openpilot's camerad does, waiting for nobody): the frame that shows the daemon the restart is answered, not dropped
+  to reconnect (a lockstep source would wait for that answer forever)."""
+  cam = Camera({ROAD: LAYOUT})
+  d, notify = _start(artifacts)
+  col = Collector(OUTPUTS)
+  try:
+    for n in range(1, 4): _run(cam, col, n)
+    cam.close()
+    cam = Camera({ROAD: LAYOUT})
+    deadline = time.monotonic() + 5
+    while not cam.server._stream(ROAD).pub.all_readers_updated():   # the daemon's old subscription, no handshake yet
+      assert time.monotonic() < deadline, f"the daemon's subscription never reached the new camera; stderr:\n{d.stderr()}"
+      time.sleep(0.005)
+    _, (mv2, _, _) = _run(cam, col, 7)
+    assert mv2.modelV2.frameId == 7 and "frame 7 from server" in d.stderr()   # seen on the old connection, answered on the new
+  finally:
+    rc, _ = d.stop()
+    cam.close(); col.close(); notify.close()
+  assert rc == 0
+
 @pytest.mark.parametrize("module", ["modeld", "dmonitoringd"])
 def test_a_device_this_machine_cannot_open_exits_78(artifacts, module):
   """--device (or DEV) naming a tinygrad backend that is not here is a configuration error: exit 78 with the device

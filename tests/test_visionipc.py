@@ -387,3 +387,27 @@ def test_garbage_on_the_handshake_socket_silent_and_deaf_clients_affect_nobody(n
     for c in held: c.close()
     assert VisionIpcClient.available_streams(name, False) == {ROAD}
     for c in (good, lazy, late): c.close()
+
+def test_a_client_kept_across_a_restart_misses_no_frame_of_the_new_server(name):
+  """The new server's first frame reaches a client still connected to the old one: the frame shows the restart, the
+  client reconnects, and the next recv() returns that very frame from the new buffers (a lockstep camera sends it once)."""
+  a = Server(name)
+  a("create", ROAD, 2, str(PACKED)); a("listen")
+  c = VisionIpcClient(name, ROAD, False)
+  assert c.connect(True)
+  a_id = c.server_id
+  a.close()
+  b = Server(name)
+  try:
+    b("create", ROAD, 3, str(PADDED)); b("listen")
+    deadline = time.monotonic() + 5
+    while not b("readers", ROAD)[0] and time.monotonic() < deadline: assert c.recv(20) is None
+    b("send", ROAD, [7, 8])
+    assert c.recv(2000) is None and not c.is_connected() and c.reconnects == 1   # frame 7 named another server
+    assert c.connect(True) and c.server_id != a_id and c.layout == PADDED
+    got = [c.recv(2000) for _ in range(2)]
+    assert [g.frame_id for g in got] == [7, 8] and all((g.array == frame_bytes(g.layout, g.frame_id)).all() for g in got)
+    del got
+  finally:
+    c.close()
+    b.close()

@@ -1,6 +1,7 @@
 """VisionIpcClient: maps one stream's buffers of a named server (ours or openpilot's) and receives its frames."""
 import logging, os, time
-from msgq.pubsub import IpcError, sub_sock
+from collections import deque
+from msgq.pubsub import IpcError, drain_sock_raw, sub_sock
 from msgq.visionipc.buffers import Buffers, VisionBuf
 from msgq.visionipc.layout import NV12Layout
 from msgq.visionipc.wire import BUF, PACKET, TRAILER, check_name, check_stream, endpoint, request, streams
@@ -10,8 +11,9 @@ log = logging.getLogger("msgq.visionipc")
 class VisionIpcClient:
   """Lifecycle: connect() maps the server's buffers; recv() returns VisionBufs over them. When the server restarts (a
   packet with a new server_id) or sends nonsense (an index out of range), the client reports disconnected and the
-  next connect() maps the new buffers. The old mappings stay mapped, so from_blob tensors over them stay safe, until
-  the owner drops those tensors and calls release_old_mappings(). A tensor over an unmapped buffer is a segfault."""
+  next connect() maps the new buffers, and recv() goes on with the new server's frames from the one that showed the
+  restart: a client kept across its server's restart misses none. The old mappings stay mapped, so from_blob tensors
+  over them stay safe, until the owner drops those tensors and calls release_old_mappings()."""
   def __init__(self, name: str, stream: int, conflate: bool = False):
     self.server_id: int | None = None
     self._sock, self._old = None, []   # before the checks: close() (from __del__) needs them
@@ -25,14 +27,17 @@ class VisionIpcClient:
     self.layout: NV12Layout | None = None
     self._bufs: Buffers | None = None
     self._old_ids: set[int] = set()
+    self._queued: deque[bytes] = deque()   # packets recv() takes before the socket's: a new server's, kept over a reconnect
+    self._carried: set[bytes] = set()      # those of them the new subscription may hold again
+    self._resubscribe = False
 
   def is_connected(self) -> bool: return self.server_id is not None
 
   def connect(self, blocking: bool = True) -> bool:
     """Map the stream's buffers. Blocking waits for the server to come up; False if it does not serve the stream."""
     if self.is_connected(): return True
-    if self._sock is None:   # subscribe before the handshake: no frame published after it is missed
-      self._sock = sub_sock(endpoint(self.name, self.stream), conflate=self.conflate)
+    if self._sock is None or self._resubscribe:   # subscribe before the handshake: no frame published after it is missed
+      self._subscribe()
     while True:
       try:
         msg, fds = request(self.name, self.stream)
@@ -53,6 +58,16 @@ class VisionIpcClient:
     self.connect_error = None
     return True
 
+  def _subscribe(self) -> None:
+    """A fresh subscription after a disconnect too: one left idle since its server went may never reach the successor
+    (ZMQ re-subscribes only when the socket is used). What the old one holds is read first, each packet once."""
+    old, self._resubscribe = self._sock, False
+    self._sock = sub_sock(endpoint(self.name, self.stream), conflate=self.conflate)
+    if old is not None:
+      self._queued.extend(got := drain_sock_raw(old))
+      self._carried = set(got)
+      old.close()
+
   def _map(self, msg: bytes, fds: list[int]) -> None:
     if not msg and not fds:   # openpilot's server closes without a word for a stream it lacks
       try: have = sorted(streams(self.name))
@@ -70,6 +85,7 @@ class VisionIpcClient:
     self._bufs = Buffers(fds, layout, writable=False, name=f"VisionIPC server {self.name!r} stream {self.stream}")
     self.server_id, self.layout, self.num_buffers = server_id, layout, len(fds)
     self._old_ids.discard(server_id)
+    self._queued = deque(p for p in self._queued if len(p) != PACKET.size or PACKET.unpack(p)[0] == server_id)   # not yet another's
     self.width, self.height, self.stride, self.uv_offset, self.buffer_len = w, h, stride, uv_offset, length
 
   def recv(self, timeout_ms: int = 100) -> VisionBuf | None:
@@ -77,7 +93,11 @@ class VisionIpcClient:
     deadline = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000
     while self.is_connected():
       self._sock.setTimeout(None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000)))
-      if (msg := self._sock.receive()) is None: return None
+      if self._queued:   # conflate: the newest of them (the socket may hold a newer one still: the next recv's)
+        msg = self._queued.popleft() if not self.conflate else self._queued.pop()
+        if self.conflate: self._queued.clear()
+      elif (msg := self._sock.receive()) is None: return None
+      elif msg in self._carried: continue   # read from the old subscription already
       if (buf := self._frame(msg)) is not None: return buf
     return None
 
@@ -91,15 +111,17 @@ class VisionIpcClient:
       log.warning("VisionIPC %r stream %d: frame %d from server %#x idx %d, connected to %#x with %d buffers: reconnecting",
                   self.name, self.stream, frame_id, server_id, idx, self.server_id, self.num_buffers)
       self.reconnects += 1
-      self._disconnect()
+      if server_id != self.server_id: self._queued.appendleft(msg)   # a new server: its frame, once connected to it
+      self.disconnect()
       return None
     self.frame_id, self.timestamp_sof, self.timestamp_eof, self.valid = frame_id, sof, eof, valid
     return VisionBuf(self._bufs, idx, self.stream, frame_id, sof, eof, valid)
 
-  def _disconnect(self) -> None:
+  def disconnect(self) -> None:
+    """Leave the server (its buffers stay mapped until release_old_mappings); the next connect() maps its successor's."""
     self._old_ids.add(self.server_id)
     self._old.append(self._bufs)
-    self.server_id, self._bufs = None, None
+    self.server_id, self._bufs, self._resubscribe = None, None, True
 
   def release_old_mappings(self) -> int:
     """Unmap the buffers of servers this client has left. Call only after dropping every tensor (from_blob) over them.
@@ -109,7 +131,7 @@ class VisionIpcClient:
 
   def close(self) -> None:
     """Disconnect and unmap everything (drop from_blob tensors first). Also runs when the last reference goes."""
-    if self.is_connected(): self._disconnect()
+    if self.is_connected(): self.disconnect()
     self.release_old_mappings()
     if self._sock is not None: self._sock.close(); self._sock = None
 
