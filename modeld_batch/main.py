@@ -3,14 +3,14 @@ cluster), and `modeld-batch diff`, which compares two runs. The driver lists the
 the routes' cameras, hands the segments to its workers (pool.py) and sums up; a worker runs a segment through the
 daemons' own frame code (segment.py). Design, faults survived and figures: docs/BATCH.md."""
 from __future__ import annotations
-import argparse, json, os, shutil, signal, socket, sys, time
+import argparse, json, math, os, shutil, signal, socket, sys, time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from service import reader_left
 from service.extras import needs_extra
 
-HELP = """  modeld-batch ROUTE... --artifacts DIR --out DIR [--workers N] [--threads N] [--address ADDR] [--resume]
+HELP = """  modeld-batch ROUTE... --artifacts DIR --out DIR [--workers N] [--threads N] [--gpus-per-worker F] [--address ADDR] [--resume]
   modeld-batch diff OUT_A OUT_B [--top N]
 
 One Ray task per segment, served by long-lived actors (one per worker) that load the artifacts once, as a daemon does.
@@ -20,7 +20,8 @@ complete. A worker lost with its process or node costs the segment it ran a re-r
 stop the job cleanly (exit 130, 143): --resume goes on from there. Before Ray starts, the artifacts' manifests are
 checked against each route's camera sizes. Without --address, ray.init() starts a local Ray with --workers workers
 (default: one per core, or per --threads cores); with it, the job joins that cluster, and ROUTE, --artifacts and --out
-must be paths every node reads, this machine included (a shared file system)."""
+must be paths every node reads, this machine included (a shared file system). Artifacts built for a GPU (modeld-compile
+--device CUDA) run on workers Ray gives --gpus-per-worker of a card (default 1; 0.25: four workers share one)."""
 
 # how long --address gets to accept a connection: ray.init() would retry an address where nothing listens for many
 # minutes, in native code that holds off SIGTERM and Ctrl-C; this check waits in Python, where both stop it
@@ -170,13 +171,14 @@ def run(args) -> int:
     arts = manifests(args.artifacts)
     # workers run where Ray puts them: they get the artifact's tinygrad device from here, not from their node's default
     device = args.device or arts["road"].manifest["target"]["device"]
+    if args.gpus_per_worker is None: args.gpus_per_worker = 0. if device.split(":")[0] == "CPU" else 1.
     check_layouts(todo, arts)
     if args.address: check_cluster(args.address)
     # ray.init() would set its own SIGTERM handler (sys.exit, wherever its start-up is), its core worker a native one
     # (a crash dump on stderr): ours stays, and replaces the native one after
     ray_sigterm, ray._private.utils.set_sigterm_handler = ray._private.utils.set_sigterm_handler, lambda handler: None
     t_ray, deferred = time.monotonic(), not args.address   # joining a cluster starts no process here: a signal stops it at once
-    try: ray.init(address=args.address, log_to_driver=False, runtime_env={"env_vars": {"DEV": device}}, **local)
+    try: ray.init(address=args.address, log_to_driver=False, runtime_env={"env_vars": {"DEV": device.split(":")[0]}}, **local)
     except Exception as e:
       # a signal to the whole process group (systemd's stop) stops Ray's own processes too: its start-up fails, later
       if caught: raise KeyboardInterrupt from None
@@ -191,12 +193,19 @@ def run(args) -> int:
     if args.threads > max(cpus, default=0):
       raise ValueError(f"--threads {args.threads}: a worker takes that many cores of one node, expected at most the {max(cpus, default=0)} "
                        "of the cluster's largest")
+    if (gpu := args.gpus_per_worker) > 0:
+      gpus = [float(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n["Alive"]]
+      if gpu > max(gpus, default=0):
+        raise ValueError(f"--gpus-per-worker {gpu:g}: a worker takes that much of one node's GPUs, the cluster's nodes have "
+                         f"{', '.join(f'{g:g}' for g in gpus) or 'none'} (Ray counts the GPUs it sees: CUDA_VISIBLE_DEVICES, or ray start --num-gpus)")
+      cpus = [min(c // args.threads, math.floor(g / gpu + 1e-9)) * args.threads for c, g in zip(cpus, gpus)]
     n_workers = args.workers or max(1, sum(c // args.threads for c in cpus))
     print(f"ray: {'joined ' + args.address if args.address else 'local'}, {n_workers} workers of {args.threads} core(s) in {t_workers - t_ray:.1f} s",
           file=sys.stderr)
     # no restart by Ray, no retry of a call: a lost worker is replaced at once by a new one, wherever a core is free,
     # and the pool, not Ray, counts what its loss costs (Ray's retries all go to the dead worker's address)
-    pool = Pool(lambda: SegmentWorker.options(num_cpus=args.threads, max_restarts=0, max_task_retries=0).remote(str(args.artifacts), args.threads),
+    pool = Pool(lambda: SegmentWorker.options(num_cpus=args.threads, num_gpus=args.gpus_per_worker, max_restarts=0, max_task_retries=0)
+                .remote(str(args.artifacts), args.threads, device),
                 min(n_workers, len(todo)) or 1, list(todo), lambda line: tqdm.write(line, file=sys.stderr))
     with tqdm(total=len(jobs), initial=len(done), unit="segment", desc="modeld-batch", disable=args.quiet) as bar:
       while pool.queue or pool.pending:
@@ -330,11 +339,15 @@ def cli(argv: list[str] | None) -> int:
                   "video decoding run on N threads (default 1)")
   ap.add_argument("--address", metavar="ADDR", help="join this Ray cluster (e.g. auto, or ray://head:10001) instead of starting a local Ray")
   ap.add_argument("--device", help="tinygrad device of the workers (default: the artifact's)")
+  ap.add_argument("--gpus-per-worker", type=float, metavar="F", help="GPUs Ray gives each worker, a fraction to share a card "
+                  "(default: 1 for artifacts built for a GPU, 0 for the CPU's)")
   ap.add_argument("--resume", action="store_true", help="skip segments whose output is complete")
   ap.add_argument("--quiet", action="store_true", help="no progress bar")
   args = ap.parse_args(argv)
   if args.workers is not None and args.workers < 1: ap.error(f"--workers: expected >= 1, got {args.workers}")
   if args.threads < 1: ap.error(f"--threads: expected >= 1, got {args.threads}")
+  if args.gpus_per_worker is not None and not 0 <= args.gpus_per_worker <= 64:
+    ap.error(f"--gpus-per-worker: expected 0 <= F <= 64, got {args.gpus_per_worker:g}")
   try: return run(args)
   except (OSError, ValueError) as e:
     print(f"modeld-batch: {e}", file=sys.stderr)

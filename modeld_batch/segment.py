@@ -25,11 +25,12 @@ class Frame:
 class Runners:
   """A worker's loaded artifacts: models loaded once, warps per camera layout as segments need them; and host buffers
   per stream and layout, which outlive the tensors the runners keep over them. threads: how many threads replay each
-  model's kernels and decode each video."""
-  def __init__(self, artifacts: str, threads: int = 1):
-    from modelrt.artifact import load_artifact
+  model's kernels and decode each video; device: the artifacts' tinygrad device (default: this process's)."""
+  def __init__(self, artifacts: str, threads: int = 1, device: str | None = None):
+    from modelrt.artifact import load_artifact, use_device
     self.threads = threads
-    self.arts = {f: load_artifact(artifacts, f) for f in ('road', 'dm')}
+    if device: device = use_device(device)
+    self.arts = {f: load_artifact(artifacts, f, device) for f in ('road', 'dm')}
     for art in self.arts.values():   # ready to serve at speed, as a daemon after its warm-up (the warps: per layout, later)
       for m in art.models.values(): m.bind()
     self.runners, self.bufs = {}, {}
@@ -131,8 +132,8 @@ def replay_segment(src: str, out: str, runners: Runners) -> dict:
 @ray.remote
 class SegmentWorker:
   """Holds a worker's loaded artifacts and replays segments, one at a time, as a daemon serves frames."""
-  def __init__(self, artifacts: str, threads: int = 1):
-    self.runners = Runners(artifacts, threads)
+  def __init__(self, artifacts: str, threads: int = 1, device: str | None = None):
+    self.runners = Runners(artifacts, threads, device)
 
   def where(self) -> str:
     """Its process and node: answered once the artifacts are loaded."""

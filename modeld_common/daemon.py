@@ -26,7 +26,8 @@ included), or its model's outputs could not be parsed for {MAX_BAD_OUTPUTS} fram
 build).""")
   ap.add_argument('--artifacts', required=True, metavar='DIR', help="artifact directory built by modeld-compile (its "
                   f"{'road' if prog == 'modeld' else 'dm'}/ subdirectory is used)")
-  ap.add_argument('--device', help="tinygrad device the artifact was built for (default: $DEV, else tinygrad's default); e.g. CPU")
+  ap.add_argument('--device', help="tinygrad device the artifact was built for (default: $DEV, else tinygrad's default): CPU, or a "
+                  "GPU's backend (CUDA, NV, AMD, QCOM), or one of several (CUDA:1)")
   ap.add_argument('--camera-server', default='camerad', metavar='NAME', help="VisionIPC server name of the camera process (default: camerad)")
   ap.add_argument('--prefix', help="message prefix (OPENPILOT_PREFIX): isolates this stack's topics and camera buffers from others")
   ap.add_argument('--sensor', choices=sorted(SENSORS),
@@ -45,7 +46,7 @@ build).""")
   if args.threads < 1: ap.error(f"--threads: expected N >= 1, got {args.threads}")
   # before anything imports tinygrad or opens a socket: both read these once
   if args.prefix is not None: os.environ['OPENPILOT_PREFIX'] = args.prefix
-  if args.device: os.environ['DEV'] = args.device
+  if args.device: os.environ['DEV'] = args.device.split(':')[0]   # the backend; the instance when the artifact loads (use_device)
   return args
 
 class Camera:
@@ -100,9 +101,11 @@ class Daemon:
   def load_artifact(self, family: str):
     """The artifact's manifest, hashes and model JITs, before any camera: a bad one exits EX_CONFIG at once (the warps
     wait for the camera's layouts)."""
-    from modelrt.artifact import load_artifact
+    from modelrt.artifact import ArtifactError, load_artifact, use_device
     t = time.perf_counter()
-    artifact = load_artifact(self.args.artifacts, family)
+    try: device = use_device(self.args.device) if self.args.device else None
+    except Exception as e: raise ArtifactError(f"--device {self.args.device}: {type(e).__name__}: {e}") from None
+    artifact = load_artifact(self.args.artifacts, family, device)
     self.log.info("loaded %s in %.2f s (layouts: %s)", artifact.dir, time.perf_counter() - t, ', '.join(artifact.layouts))
     return artifact
 

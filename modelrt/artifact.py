@@ -57,6 +57,17 @@ def target(device: str) -> dict[str, Any]:
   return {'device': device, 'arch': arch, 'machine': platform.machine(),
           'cpu_features': cpu_features() if device.split(':')[0] == 'CPU' else []}
 
+def use_device(device: str) -> str:
+  """Make `device` this process's default tinygrad device before any model is loaded (weights go to the default): a
+  backend (CPU, CUDA, NV, AMD, QCOM) or an instance of one (CUDA:1; CPU:1, a second CPU device, is no host memory to
+  the runtime). DEV in the environment, which child processes read, can name only the backend. Returns it canonical."""
+  from tinygrad.helpers import DEV
+  device = Device.canonicalize(device)
+  backend = device.split(':')[0]
+  DEV.value = [dataclasses.replace(DEV.target(backend), device=device), *DEV.value]   # DEV.target: the user's renderer of it
+  if os.environ.get('DEV', '').split(':')[0].upper() != backend: os.environ['DEV'] = backend   # DEV=CPU:LLVM stays
+  return device
+
 def sha256_file(path: pathlib.Path) -> str:
   h = hashlib.sha256()
   with open(path, 'rb') as f:

@@ -176,6 +176,11 @@ def code_sha256() -> str:
     h.update(src)
   return h.hexdigest()
 
+def shape_schedulable(device: str) -> bool:
+  """Whether the shape schedule applies: the device compiles with clang (modelrt.schedule writes its CPU kernels)."""
+  from tinygrad.renderer.cstyle import ClangRenderer
+  return isinstance(Device[device].renderer, ClangRenderer)
+
 def build_family(out: str | os.PathLike, family: str, models: dict[str, ModelDef], layouts: list[NV12Layout], device: str | None = None,
                  beam: int = 0, command: list[str] | None = None, force: bool = False, progress: bool = True,
                  winograd: str = 'rule', schedule: str = 'shape') -> tuple[pathlib.Path, bool]:
@@ -190,6 +195,12 @@ def build_family(out: str | os.PathLike, family: str, models: dict[str, ModelDef
     raise ValueError(f"family {family!r} needs models {FAMILY_MODELS.get(family)}, got {sorted(models)}")
   if not layouts: raise ValueError("at least one camera layout is needed")
   if schedule not in ('shape', 'tinygrad'): raise ValueError(f"schedule must be 'shape' or 'tinygrad', got {schedule!r}")
+  if schedule == 'shape' and not shape_schedulable(device):
+    raise ValueError(f"schedule 'shape' writes clang CPU kernels; {device} compiles with {type(Device[device].renderer).__name__}: "
+                     "build it with schedule 'tinygrad' (--beam N searches on top)")
+  if (default := Device.canonicalize(Device.DEFAULT)) != device:
+    raise ValueError(f"building for {device}, but the models' weights are on the default device {default}: make {device} the default "
+                     "before loading them (modelrt.artifact.use_device; modeld-compile --device does)")
   layouts = list(dict.fromkeys(layouts))
   contract = identify(family, models)   # before anything is captured: a model of another contract fails in a second
   models = {k: md.fed({n: i.dtype for n, i in contract.models[k].inputs.items()}) for k, md in models.items()}
@@ -283,9 +294,10 @@ CACHEDB=path moves tinygrad's compile cache.""".format(contracts=', '.join(sorte
                   "stride-1 convolutions of ONNX models run as Winograd F(4x4, 3x3) (tinygrad's WINO: fewer multiplies, more memory "
                   "traffic): rule (default) those on images of at least 32x64 pixels, where it was measured faster; all (also a bare "
                   "--winograd); off")
-  ap.add_argument('--schedule', choices=('shape', 'tinygrad'), default='shape', help="shape (default): convolution and matmul kernels "
+  ap.add_argument('--schedule', choices=('shape', 'tinygrad'), help="shape (the CPU's default): convolution and matmul kernels "
                   "vectorized and register-blocked by rules from their shapes and the CPU's vector width, the same on every machine of "
-                  "an ISA; tinygrad: tinygrad's own heuristics for every kernel. --beam searches on top of either")
+                  "an ISA; tinygrad (a GPU's default, the only one there): tinygrad's own heuristics for every kernel. --beam searches "
+                  "on top of either")
   ap.add_argument('--force', action='store_true', help="rebuild even when an identical build is already there")
   ap.add_argument('--quiet', action='store_true', help="no progress bar")
   args = ap.parse_args(argv)
@@ -298,7 +310,17 @@ CACHEDB=path moves tinygrad's compile cache.""".format(contracts=', '.join(sorte
   if not (args.reference or args.vision_onnx or args.dm_onnx): ap.error("nothing to build: give ONNX models or --reference")
   families = [f for f in artifact.FAMILIES if (args.reference or (args.vision_onnx if f == 'road' else args.dm_onnx)) and (not args.family or f in args.family)]
   if not families: ap.error(f"--family {', '.join(args.family)}: no models given for it")
-  device = Device.canonicalize(args.device or Device.DEFAULT)
+  try: device = artifact.use_device(args.device) if args.device else Device.canonicalize(Device.DEFAULT)
+  except Exception as e: ap.error(f"--device {args.device}: {type(e).__name__}: {e}")
+  try: schedulable = shape_schedulable(device)
+  except Exception as e:   # a backend whose library or hardware is not here: tinygrad raises anything
+    print(f"modeld-compile: error: tinygrad device {device} cannot be opened on this machine: {type(e).__name__}: "
+          f"{str(e).strip().splitlines()[0][:200]}", file=sys.stderr)
+    return 1
+  if args.schedule is None: args.schedule = 'shape' if schedulable else 'tinygrad'
+  elif args.schedule == 'shape' and not schedulable:
+    ap.error(f"--schedule shape: it writes clang CPU kernels, {device} compiles with {type(Device[device].renderer).__name__}: "
+             "give --schedule tinygrad (the default there)")
   cams = [a for l in layouts for a in ('--camera', str(l))]
   from modelrt.onnx_import import load_onnx, OnnxImportError
   stop = []

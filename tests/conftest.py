@@ -21,6 +21,12 @@ def tiny_artifacts() -> Path:
   return build(CACHE.parent / "tiny", models="tiny")
 
 @pytest.fixture(scope="session")
+def device_artifacts() -> Path:
+  """tiny_artifacts built for CPU:1, a second tinygrad device: no host memory to the runtime, as a GPU's is not (the
+  camera frames copied in, the outputs copied out, replays through tinygrad's own path), on any machine."""
+  return build(CACHE.parent / "tiny-cpu1", models="tiny", device="CPU:1")
+
+@pytest.fixture(scope="session")
 def scene(tmp_path_factory) -> Path:
   """A synthetic scene whose cameras have the test buffers' size (tests/artifacts.py LAYOUT)."""
   p = tmp_path_factory.mktemp("scene") / "scene.json"

@@ -382,6 +382,17 @@ def test_threads_give_the_same_outputs(routes, tiny_artifacts, one_segment, tmp_
   assert r.returncode == 0 and "1 workers of 2 core(s)" in r.stderr, r.stderr
   assert_same_output(tmp_path / "out", one_segment)
 
+def test_a_second_device_gives_the_same_outputs_and_gpus_must_be_there(routes, device_artifacts, one_segment, tmp_path):
+  """Artifacts built for CPU:1 (a device that is no host memory, as a GPU's): the workers load them on that device and
+  write the same messages as on the CPU. --gpus-per-worker asks Ray for GPUs: where it sees none, the job says so."""
+  r = batch(f"{routes[1]}/-1", "--artifacts", device_artifacts, "--out", tmp_path / "out", "--workers", 1)
+  assert r.returncode == 0, r.stderr
+  assert_same_output(tmp_path / "out", one_segment)
+  r = batch(f"{routes[1]}/-1", "--artifacts", device_artifacts, "--out", tmp_path / "gpu", "--gpus-per-worker", 0.5)
+  assert r.returncode == 1 and "--gpus-per-worker 0.5: a worker takes that much of one node's GPUs, the cluster's nodes have 0" in r.stderr, r.stderr
+  r = batch(f"{routes[1]}/-1", "--artifacts", device_artifacts, "--out", tmp_path / "gpu", "--gpus-per-worker", -1)
+  assert r.returncode == 2 and "--gpus-per-worker: expected 0 <= F <= 64, got -1" in r.stderr, r.stderr
+
 def to_closed_pipe(*args: object, buffered: bool) -> subprocess.CompletedProcess:
   """modeld-batch with its stdout a pipe whose reader is gone before it writes (`| head` that has read enough).
   buffered: stdout buffered, as Python has it on a pipe (the error comes when the buffer is written, at the latest at
