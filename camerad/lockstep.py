@@ -15,6 +15,7 @@ class LockstepTimeout(Exception): pass
 # messages and frames travel on separate sockets: in lockstep, the messages that come before a frame get this long to be
 # taken in by the daemons (idle, waiting for that frame) before the frame goes out, so they apply to it and not later
 LOCKSTEP_SETTLE_S = 0.005
+LOCKSTEP_FIRST_SETTLE_S = 0.1   # the first frame's (a log's calibration, republished): on a loaded machine 5 ms can be short
 # before frame 1: subscribers made before camerad's publishers connect within msgq's reconnect interval, and a daemon
 # takes its subscriptions live when it next polls (every 0.1 s while idle); at most LOCKSTEP_READERS_S for a reader each
 LOCKSTEP_CONNECT_S = RECONNECT_IVL_MAX_S + 0.2

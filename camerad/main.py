@@ -17,7 +17,7 @@ with needs_extra("camerad", "camera"):   # PyAV and zstandard: video files, devi
   from oproute.video import VideoError
   from camerad.sources import REPUBLISHABLE, STREAMS, NoFramesError, OptionError, Source, SourceError, Tick, open_source
   from camerad.frames import FrameWriter, camera_state
-  from camerad.lockstep import LOCKSTEP_SETTLE_S, Lockstep, LockstepTimeout
+  from camerad.lockstep import LOCKSTEP_FIRST_SETTLE_S, LOCKSTEP_SETTLE_S, Lockstep, LockstepTimeout
 
 log = logging.getLogger("camerad")
 LATE_PERIODS = 2      # a paced frame this many frame periods behind its time is skipped, not served late
@@ -250,7 +250,7 @@ def run(args, source: Source, server: VisionIpcServer, pm, lock, layouts: dict, 
         watchdog.kick()
         stats.tick()
         continue
-      if lock is not None and sent_msgs: time.sleep(LOCKSTEP_SETTLE_S)
+      if lock is not None and sent_msgs: time.sleep(LOCKSTEP_SETTLE_S if stats.totals.get('frames') else LOCKSTEP_FIRST_SETTLE_S)
       sent_msgs = False
       bufs, t = {s: server.get_free_buffer(s) for s in tick.frames}, time.monotonic_ns()
       frames = writer.write(tick, {s: (b.array, layouts[s]) for s, b in bufs.items()})
