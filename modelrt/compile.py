@@ -181,6 +181,13 @@ def shape_schedulable(device: str) -> bool:
   from tinygrad.renderer.cstyle import ClangRenderer
   return isinstance(Device[device].renderer, ClangRenderer)
 
+def check_schedule(schedule: str, device: str) -> None:
+  """ValueError naming why `schedule` cannot build for `device`."""
+  if schedule not in ('shape', 'tinygrad'): raise ValueError(f"schedule must be 'shape' or 'tinygrad', got {schedule!r}")
+  if schedule == 'shape' and not shape_schedulable(device):
+    raise ValueError(f"schedule 'shape' writes clang CPU kernels, {device} compiles with {type(Device[device].renderer).__name__}: "
+                     "build it with schedule 'tinygrad' (--beam N searches on top)")
+
 def build_family(out: str | os.PathLike, family: str, models: dict[str, ModelDef], layouts: list[NV12Layout], device: str | None = None,
                  beam: int = 0, command: list[str] | None = None, force: bool = False, progress: bool = True,
                  winograd: str = 'rule', schedule: str = 'shape') -> tuple[pathlib.Path, bool]:
@@ -194,10 +201,7 @@ def build_family(out: str | os.PathLike, family: str, models: dict[str, ModelDef
   if family not in FAMILY_MODELS or set(models) != set(FAMILY_MODELS[family]):
     raise ValueError(f"family {family!r} needs models {FAMILY_MODELS.get(family)}, got {sorted(models)}")
   if not layouts: raise ValueError("at least one camera layout is needed")
-  if schedule not in ('shape', 'tinygrad'): raise ValueError(f"schedule must be 'shape' or 'tinygrad', got {schedule!r}")
-  if schedule == 'shape' and not shape_schedulable(device):
-    raise ValueError(f"schedule 'shape' writes clang CPU kernels; {device} compiles with {type(Device[device].renderer).__name__}: "
-                     "build it with schedule 'tinygrad' (--beam N searches on top)")
+  check_schedule(schedule, device)
   if (default := Device.canonicalize(Device.DEFAULT)) != device:
     raise ValueError(f"building for {device}, but the models' weights are on the default device {default}: make {device} the default "
                      "before loading them (modelrt.artifact.use_device; modeld-compile --device does)")
@@ -312,15 +316,13 @@ CACHEDB=path moves tinygrad's compile cache.""".format(contracts=', '.join(sorte
   if not families: ap.error(f"--family {', '.join(args.family)}: no models given for it")
   try: device = artifact.use_device(args.device) if args.device else Device.canonicalize(Device.DEFAULT)
   except Exception as e: ap.error(f"--device {args.device}: {type(e).__name__}: {e}")
-  try: schedulable = shape_schedulable(device)
-  except Exception as e:   # a backend whose library or hardware is not here: tinygrad raises anything
-    print(f"modeld-compile: error: tinygrad device {device} cannot be opened on this machine: {type(e).__name__}: "
-          f"{str(e).strip().splitlines()[0][:200]}", file=sys.stderr)
+  try: artifact.target(device)   # opens it: a backend whose library or hardware is not here is named
+  except ArtifactError as e:
+    print(f"modeld-compile: error: {e}", file=sys.stderr)
     return 1
-  if args.schedule is None: args.schedule = 'shape' if schedulable else 'tinygrad'
-  elif args.schedule == 'shape' and not schedulable:
-    ap.error(f"--schedule shape: it writes clang CPU kernels, {device} compiles with {type(Device[device].renderer).__name__}: "
-             "give --schedule tinygrad (the default there)")
+  if args.schedule is None: args.schedule = 'shape' if shape_schedulable(device) else 'tinygrad'
+  try: check_schedule(args.schedule, device)
+  except ValueError as e: ap.error(f"--schedule {args.schedule}: {e}")
   cams = [a for l in layouts for a in ('--camera', str(l))]
   from modelrt.onnx_import import load_onnx, OnnxImportError
   stop = []

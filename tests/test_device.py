@@ -72,7 +72,7 @@ def test_the_shape_schedule_is_refused_where_it_does_not_apply(tmp_path):
     return subprocess.run([sys.executable, '-m', 'modelrt.compile', '--reference', '--out', tmp_path, '--camera', str(LAYOUT), *args],
                           capture_output=True, text=True, cwd=REPO, timeout=120)
   r = compile_('--device', 'PYTHON', '--schedule', 'shape')
-  assert r.returncode == 2 and "--schedule shape: it writes clang CPU kernels, PYTHON compiles with PythonRenderer" in r.stderr, r.stderr
+  assert r.returncode == 2 and "--schedule shape: schedule 'shape' writes clang CPU kernels, PYTHON compiles with PythonRenderer" in r.stderr, r.stderr
   r = compile_('--device', 'NOPE')
-  assert r.returncode == 1 and "tinygrad device NOPE cannot be opened on this machine" in r.stderr, r.stderr
+  assert r.returncode == 1 and "tinygrad device 'NOPE' cannot be opened on this machine" in r.stderr, r.stderr
   assert not any(tmp_path.iterdir())
