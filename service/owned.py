@@ -1,0 +1,76 @@
+"""What the stack makes on disk is its own user's: folders 0700, files and sockets 0600, whatever the umask. MSGQ_GROUP (a
+group name or id) makes that group's accounts part of the stack (a UI of another account): 0770 / 0660 and that group.
+A path that is a symlink, or that another account owns (not root, not of MSGQ_GROUP), is refused by name (NotOwnedError)."""
+import grp, os, socket, stat, struct
+
+_UCRED = struct.Struct("3i")   # struct ucred: pid, uid, gid
+
+class NotOwnedError(PermissionError):
+  """A path or peer of another account's, or a symlink where the stack keeps its own files."""
+
+def group() -> int | None:
+  """MSGQ_GROUP's gid (unset or empty: None); ValueError naming it when no such group exists."""
+  if not (g := os.environ.get("MSGQ_GROUP", "")): return None
+  try: return int(g) if g.isdigit() else grp.getgrnam(g).gr_gid
+  except KeyError: raise ValueError(f"MSGQ_GROUP names no group of this machine: {g!r}") from None
+
+def modes() -> tuple[int, int]:
+  """(folder mode, file mode): 0o700 / 0o600, or 0o770 / 0o660 under MSGQ_GROUP (its readers write read pointers)."""
+  return (0o700, 0o600) if group() is None else (0o770, 0o660)
+
+def trusted(uid: int, gid: int | None = None) -> bool:
+  """Ours, root's, or (a file's gid given) of MSGQ_GROUP's: anything else belongs to another account."""
+  return uid in (os.geteuid(), 0) or (gid is not None and gid == group())
+
+def check(path: str, st: os.stat_result, what: str) -> os.stat_result:
+  """st (an lstat or fstat of path) if it is no symlink and ours or root's; NotOwnedError naming what it is else."""
+  if stat.S_ISLNK(st.st_mode): raise NotOwnedError(f"{what} {path} is a symlink: refused, the stack never follows one")
+  if not trusted(st.st_uid, st.st_gid):
+    raise NotOwnedError(f"{what} {path} belongs to uid {st.st_uid}, not to this stack's user ({os.geteuid()}): refused; "
+                        f"remove it if no process of that account uses it")
+  return st
+
+def _own(fd_or_path: int | str, st: os.stat_result, mode: int) -> None:
+  """Set mode and MSGQ_GROUP's group on what we own (root's own is left as it is if we are not root)."""
+  if st.st_uid != os.geteuid(): return
+  if (g := group()) is not None and st.st_gid != g: os.chown(fd_or_path, -1, g)
+  if stat.S_IMODE(st.st_mode) != mode: os.chmod(fd_or_path, mode)
+
+def private_dir(path: str, what: str = "folder") -> str:
+  """Make the folder path (its parent must exist) or take the one there: ours or root's, no symlink; ours gets the
+  folder mode. Returns path."""
+  try: os.mkdir(path, 0o700)
+  except FileExistsError: pass
+  st = check(path, os.lstat(path), what)
+  if not stat.S_ISDIR(st.st_mode): raise NotOwnedError(f"{what} {path} is not a folder: refused")
+  _own(path, st, modes()[0])
+  return path
+
+def open_private(path: str, flags: int, what: str = "file") -> int:
+  """os.open(path, flags) that never follows a symlink and refuses a file of another account (the fd is closed
+  then); a file of ours gets the file mode, whoever made it. Returns the fd."""
+  try: fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+  except OSError as e:
+    if e.errno == 40: raise NotOwnedError(f"{what} {path} is a symlink: refused, the stack never follows one") from None  # ELOOP
+    raise
+  try:
+    st = check(path, os.fstat(fd), what)
+    if not stat.S_ISREG(st.st_mode): raise NotOwnedError(f"{what} {path} is not a plain file: refused")
+    _own(fd, st, modes()[1])
+  except BaseException:
+    os.close(fd)
+    raise
+  return fd
+
+def own_socket_file(path: str) -> None:
+  """A unix socket we just bound at path gets the file mode (bind() follows the umask)."""
+  _own(path, check(path, os.lstat(path), "socket"), modes()[1])
+
+def peer_uid(sock: socket.socket) -> int:
+  """The uid of the process at the other end of a connected unix socket (SO_PEERCRED)."""
+  return _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))[1]
+
+def check_peer(sock: socket.socket, what: str) -> None:
+  """NotOwnedError unless the peer of a unix socket runs as our user or root."""
+  if not trusted(uid := peer_uid(sock)):
+    raise NotOwnedError(f"{what}: its peer runs as uid {uid}, not as this stack's user ({os.geteuid()}): refused")
