@@ -1,7 +1,7 @@
 """What the stack makes on disk is its own user's: folders 0700, files and sockets 0600, whatever the umask. MSGQ_GROUP (a
 group name or id) makes that group's accounts part of the stack (a UI of another account): 0770 / 0660 and that group.
 A path that is a symlink, or that another account owns (not root, not of MSGQ_GROUP), is refused by name (NotOwnedError)."""
-import grp, os, socket, stat, struct
+import errno, grp, os, pwd, socket, stat, struct
 
 _UCRED = struct.Struct("3i")   # struct ucred: pid, uid, gid
 
@@ -22,11 +22,16 @@ def trusted(uid: int, gid: int | None = None) -> bool:
   """Ours, root's, or (a file's gid given) of MSGQ_GROUP's: anything else belongs to another account."""
   return uid in (os.geteuid(), 0) or (gid is not None and gid == group())
 
+def account(uid: int) -> str:
+  """'uid 65534 (nobody)': a uid as messages name it."""
+  try: return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+  except KeyError: return f"uid {uid}"
+
 def check(path: str, st: os.stat_result, what: str) -> os.stat_result:
   """st (an lstat or fstat of path) if it is no symlink and ours or root's; NotOwnedError naming what it is else."""
   if stat.S_ISLNK(st.st_mode): raise NotOwnedError(f"{what} {path} is a symlink: refused, the stack never follows one")
   if not trusted(st.st_uid, st.st_gid):
-    raise NotOwnedError(f"{what} {path} belongs to uid {st.st_uid}, not to this stack's user ({os.geteuid()}): refused; "
+    raise NotOwnedError(f"{what} {path} belongs to {account(st.st_uid)}, not to this stack's user ({os.geteuid()}): refused; "
                         f"remove it if no process of that account uses it")
   return st
 
@@ -51,7 +56,10 @@ def open_private(path: str, flags: int, what: str = "file") -> int:
   then); a file of ours gets the file mode, whoever made it. Returns the fd."""
   try: fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
   except OSError as e:
-    if e.errno == 40: raise NotOwnedError(f"{what} {path} is a symlink: refused, the stack never follows one") from None  # ELOOP
+    if e.errno == errno.ELOOP: raise NotOwnedError(f"{what} {path} is a symlink: refused, the stack never follows one") from None
+    if e.errno in (errno.EACCES, errno.EPERM):   # another account's file (0600, or O_CREAT in sticky /tmp: protected_regular)
+      try: check(path, os.lstat(path), what)
+      except FileNotFoundError: pass
     raise
   try:
     st = check(path, os.fstat(fd), what)
@@ -66,11 +74,17 @@ def own_socket_file(path: str) -> None:
   """A unix socket we just bound at path gets the file mode (bind() follows the umask)."""
   _own(path, check(path, os.lstat(path), "socket"), modes()[1])
 
+def peer_cred(sock: socket.socket) -> tuple[int, int, int]:
+  """(pid, uid, gid) of the process at the other end of a connected unix socket (SO_PEERCRED)."""
+  return _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+
 def peer_uid(sock: socket.socket) -> int:
-  """The uid of the process at the other end of a connected unix socket (SO_PEERCRED)."""
-  return _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))[1]
+  """The uid of the process at the other end of a connected unix socket."""
+  return peer_cred(sock)[1]
 
 def check_peer(sock: socket.socket, what: str) -> None:
-  """NotOwnedError unless the peer of a unix socket runs as our user or root."""
-  if not trusted(uid := peer_uid(sock)):
-    raise NotOwnedError(f"{what}: its peer runs as uid {uid}, not as this stack's user ({os.geteuid()}): refused")
+  """NotOwnedError unless the peer of a unix socket runs as our user or root (or with MSGQ_GROUP as its group: a
+  stack the group's accounts share)."""
+  _, uid, gid = peer_cred(sock)
+  if not trusted(uid, gid):
+    raise NotOwnedError(f"{what}: its peer runs as {account(uid)}, not as this stack's user ({os.geteuid()}): refused")
