@@ -3,8 +3,9 @@
 
 Three transports, each producer writing the whole frame once: VisionIPC's zero-copy path, VisionIPC send() (one copy),
 and the frame bytes through a msgq pub/sub socket; latency is publish -> usable frame (CLOCK_MONOTONIC), plus the bytes
-through the socket per frame. The last line is ours/baseline; docs/VISIONIPC.md has the figures."""
-import multiprocessing as mp, os, pathlib, sys, time, uuid
+through the socket per frame. The last line is ours/baseline; docs/VISIONIPC.md has the figures. Then the client's
+per-frame look at the size of a buffer its server could shrink (openpilot's), against a sealed one (ours)."""
+import fcntl, multiprocessing as mp, os, pathlib, sys, time, uuid
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 import numpy as np
@@ -77,6 +78,27 @@ def run(mode: str, layout, n: int, period: float) -> dict:
   if mode != "baseline": c.close()
   return {"p50": pct(lat, 50), "p99": pct(lat, 99), "fps": fps, "got": len(lat), "torn": torn, "wire": wire / max(len(lat), 1)}
 
+def frame_work(sealed: bool, layout, n: int) -> float:
+  """Seconds per packet of a client's recv() work on it (_frame: unpack, checks, the VisionBuf), over COUNT buffers in
+  memfds sealed against shrinking (our server's) or not (openpilot's: each frame looks at its buffer's size first)."""
+  from msgq.visionipc import VisionIpcClient, ROAD
+  from msgq.visionipc.wire import BUF, PACKET, TRAILER
+  fds = [os.memfd_create("bench", os.MFD_ALLOW_SEALING if sealed else 0) for _ in range(COUNT)]
+  for fd in fds:
+    os.ftruncate(fd, layout.size + TRAILER)
+    if sealed: fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+  c = VisionIpcClient(NAME, ROAD)
+  l = layout
+  c._map(b"".join(BUF.pack(l.size, l.size + TRAILER, 0, 0, fd, l.width, l.height, l.stride, l.uv_offset, 0, 0, 1, i, ROAD, 0)
+                  for i, fd in enumerate(fds)), fds)
+  for fd in fds: os.close(fd)
+  packets = [PACKET.pack(1, i % COUNT, i, 0, 0, True) for i in range(n)]
+  t0 = time.perf_counter()
+  for p in packets: c._frame(p)
+  dt = (time.perf_counter() - t0) / n
+  c.close()
+  return dt
+
 def main() -> None:
   os.environ["OPENPILOT_PREFIX"] = f"bench-visionipc-{uuid.uuid4().hex[:8]}"
   from msgq.visionipc import NV12Layout
@@ -95,6 +117,9 @@ def main() -> None:
           f"the {PACKET.size}-byte packet, no pixels), baseline {b['wire']:.0f} (a frame is {layout.size})")
     ratios[label] = f"latency p50 {z['p50'] / b['p50']:.4f}, p99 {z['p99'] / b['p99']:.4f}, bytes through the socket {z['wire'] / b['wire']:.6f}"
   print("ratio ours(zero-copy)/baseline: " + "; ".join(f"{k}: {v}" for k, v in ratios.items()))
+  times = {sealed: min(frame_work(sealed, layout, 100_000) for _ in range(3)) for sealed in (True, False)}
+  print(f"client work per frame (best of 3 x 100,000 packets): sealed buffers {times[True] * 1e6:.2f} us, unsealed "
+        f"{times[False] * 1e6:.2f} us (+{(times[False] - times[True]) * 1e6:.2f} us: the look at the buffer's size)")
 
 if __name__ == "__main__":
   main()

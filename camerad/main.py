@@ -12,6 +12,7 @@ from cereal.services import (CAMERA_OF_STREAM as CAMERA_OF, CAMERA_STATE_SERVICE
 from msgq import IpcError
 from msgq.visionipc import NV12Layout, VisionIpcServer
 from msgq.visionipc.server import MAX_BUFFERS
+from service.owned import NotOwnedError
 from camerad.scene import shipped_scenes
 with needs_extra("camerad", "camera"):   # PyAV and zstandard: video files, devices and logs
   from oproute.video import VideoError
@@ -39,7 +40,8 @@ EPILOG = f"""sources (--source, repeatable for video files):
                          decoded, with the device's frame ids and times, and the device's messages the daemons
                          read (carState, liveCalibration, ...); modeld-fakedevice stands in for a device
 
-exit codes: 0 done (or stopped by SIGTERM/SIGINT); 1 a source that cannot be served or a lockstep timeout; 2 a bad
+exit codes: 0 done (or stopped by SIGTERM/SIGINT); 1 a source that cannot be served, a lockstep timeout, another
+camerad of the name, or a file of another account where its socket or lock goes (named with its owner); 2 a bad
 option (out of range, an unknown camera, scene or service, options that do not apply to the source, a --layout size
 no stream has).
 
@@ -294,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
   except OptionError as e:   # found once the source is known (a --layout size it lacks, an unknown scene): a bad option all the same
     log.error("%s", e)
     return 2
-  except (SourceError, VideoError, LockstepTimeout, IpcError) as e:
+  except (SourceError, VideoError, LockstepTimeout, IpcError, NotOwnedError) as e:
     log.error("%s%s", e, ". Give --messages-only to republish the messages alone." if isinstance(e, NoFramesError) else "")
     return 1
 

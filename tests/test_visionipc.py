@@ -3,7 +3,7 @@ driven over a pipe, clients here or in their own processes. openpilot's own clie
 import glob, multiprocessing as mp, os, signal, socket, stat, sys, time, uuid
 import numpy as np
 import pytest
-from msgq import runtime_dir
+from msgq import remove_stack, runtime_dir
 from msgq.visionipc import VisionIpcServer, VisionIpcClient, VisionStreamType, NV12Layout, ROAD, DRIVER, WIDE_ROAD
 from msgq.visionipc.wire import PACKET, REQUEST
 
@@ -102,7 +102,8 @@ class Server:
 def name(request, monkeypatch):
   monkeypatch.setenv("OPENPILOT_PREFIX", f"vipc-{uuid.uuid4().hex[:8]}")
   monkeypatch.setenv("MSGQ_TRANSPORT", request.param)
-  return "camerad"
+  yield "camerad"
+  remove_stack()   # this prefix's: conftest removes only its own
 
 @pytest.fixture
 def server(name):

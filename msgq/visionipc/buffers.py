@@ -1,6 +1,6 @@
 """A stream's buffers, each its own shared-memory file mapped whole (image, then the uint64 frame id), and VisionBuf,
 the view of one buffer that servers fill and clients read."""
-import mmap, os, struct
+import fcntl, mmap, os, struct
 import numpy as np
 from msgq.pubsub import IpcError
 from msgq.visionipc.layout import NV12Layout
@@ -8,16 +8,23 @@ from msgq.visionipc.wire import TRAILER
 
 _U64 = struct.Struct("=Q")
 
+def sealed(fd: int) -> bool:
+  """The file can no longer shrink (a memfd sealed with F_SEAL_SHRINK, as our server's): no mapping of it can SIGBUS."""
+  try: return bool(fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK)
+  except OSError: return False   # no shared-memory file: it has no seals
+
 class Buffers:
   """The mappings of one stream's buffers (all of one layout). close() unmaps them, and refuses while any VisionBuf
-  (or view of one) is alive."""
+  (or view of one) is alive. The buffers a server could still shrink (openpilot's are unsealed files) keep an fd, for
+  shrunk() to look at their size before each frame: a read past a file's end is a SIGBUS."""
   def __init__(self, fds: list[int], layout: NV12Layout, writable: bool, name: str = "VisionIPC"):
-    self.layout, self.mms = layout, []
+    self.layout, self.name, self.mms, self.unsealed = layout, name, [], {}
     try:
       for i, fd in enumerate(fds):
         if (have := os.fstat(fd).st_size) < layout.size + TRAILER:   # a shorter file would SIGBUS us on the first read
           raise IpcError(f"{name}: buffer {i} is a file of {have} bytes, expected at least {layout.size + TRAILER} (layout {layout})")
         self.mms.append(mmap.mmap(fd, layout.size + TRAILER, mmap.MAP_SHARED, mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)))
+        if not sealed(fd): self.unsealed[i] = os.dup(fd)
     except BaseException:
       self.close()
       raise
@@ -32,6 +39,12 @@ class Buffers:
 
   def set_frame_id(self, idx: int, frame_id: int) -> None: _U64.pack_into(self.mms[idx], self.layout.size, frame_id)
 
+  def shrunk(self, idx: int) -> str | None:
+    """Why buffer idx cannot be read now (its server shrank the file under our mapping), or None: an fstat for an
+    unsealed buffer, nothing for a sealed one."""
+    if (fd := self.unsealed.get(idx)) is None or (have := os.fstat(fd).st_size) >= (need := self.layout.size + TRAILER): return None
+    return f"{self.name}: buffer {idx} is a file of {have} bytes now, expected at least {need}: its server shrank it"
+
   def close(self) -> bool:
     """Unmap; False (and what is still viewed stays mapped) while views of a buffer are alive."""
     left = []
@@ -39,6 +52,9 @@ class Buffers:
       try: m.close()
       except BufferError: left.append(m)
     self.mms = left
+    if not left:
+      for fd in self.unsealed.values(): os.close(fd)
+      self.unsealed = {}
     return not left
 
 class VisionBuf:
@@ -61,8 +77,8 @@ class VisionBuf:
     """True once the buffer no longer holds this frame: the server is filling it again or filled it with a newer frame
     (the frame id after the image changed). Check it after using the data: False then means what was read is this
     frame, untorn. openpilot's servers write the frame id only once the image is in, so with them a buffer being
-    filled still reads False."""
-    return self._bufs.frame_id(self.idx) != self.frame_id
+    filled still reads False. A buffer its server shrank meanwhile reads True (its frame id is not read: a SIGBUS)."""
+    return self._bufs.shrunk(self.idx) is not None or self._bufs.frame_id(self.idx) != self.frame_id
 
   def __repr__(self) -> str:
     return f"VisionBuf(stream={self.stream}, idx={self.idx}, frame_id={self.frame_id}, layout={self.layout}, addr={self.addr:#x})"

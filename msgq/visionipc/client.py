@@ -1,12 +1,11 @@
 """VisionIpcClient: maps one stream's buffers of a named server (ours or openpilot's) and receives its frames."""
-import logging, os, time
+import os, time
 from collections import deque
 from msgq.pubsub import IpcError, drain_sock_raw, sub_sock
 from msgq.visionipc.buffers import Buffers, VisionBuf
 from msgq.visionipc.layout import NV12Layout
-from msgq.visionipc.wire import BUF, PACKET, TRAILER, check_name, check_stream, endpoint, request, streams
-
-log = logging.getLogger("msgq.visionipc")
+from msgq.visionipc.wire import BUF, PACKET, TRAILER, check_name, check_stream, endpoint, log, request, streams
+from service.owned import NotOwnedError
 
 class VisionIpcClient:
   """Lifecycle: connect() maps the server's buffers; recv() returns VisionBufs over them. When the server restarts (a
@@ -22,7 +21,7 @@ class VisionIpcClient:
     self.num_buffers = self.frame_id = self.timestamp_sof = self.timestamp_eof = 0
     self.valid = False
     self.bad_packets = 0   # packets of another size seen (and ignored) on the stream's endpoint
-    self.reconnects = 0    # frames from another server, or naming a buffer it does not have: each disconnects
+    self.reconnects = 0    # frames from another server, naming a buffer it does not have or one its server shrank: each disconnects
     self.connect_error: str | None = None   # why the last connect() that reached a server failed
     self.layout: NV12Layout | None = None
     self._bufs: Buffers | None = None
@@ -43,6 +42,7 @@ class VisionIpcClient:
         msg, fds = request(self.name, self.stream)
         break
       except (OSError, IpcError) as e:   # no server yet, a crashed server's stale socket, or one going away mid-reply
+        if isinstance(e, NotOwnedError): self.connect_error = str(e)   # another account's: logged, waited past as none
         if not blocking:
           log.debug("VisionIPC %r stream %d: no server (%s)", self.name, self.stream, e)
           return False
@@ -112,6 +112,11 @@ class VisionIpcClient:
                   self.name, self.stream, frame_id, server_id, idx, self.server_id, self.num_buffers)
       self.reconnects += 1
       if server_id != self.server_id: self._queued.appendleft(msg)   # a new server: its frame, once connected to it
+      self.disconnect()
+      return None
+    if (why := self._bufs.shrunk(idx)) is not None:   # reading it would SIGBUS the process
+      log.warning("VisionIPC %r stream %d: frame %d refused: %s; reconnecting", self.name, self.stream, frame_id, why)
+      self.reconnects += 1
       self.disconnect()
       return None
     self.frame_id, self.timestamp_sof, self.timestamp_eof, self.valid = frame_id, sof, eof, valid

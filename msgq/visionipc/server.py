@@ -1,13 +1,14 @@
 """VisionIpcServer: owns the camera buffers (one sealed memfd each), hands them to clients, publishes frames."""
-import atexit, errno, fcntl, logging, os, selectors, socket, sys, threading, time, weakref
+import atexit, errno, fcntl, os, selectors, socket, sys, threading, time, weakref
 import numpy as np
 from msgq.pubsub import IpcError, pub_sock
 from msgq.visionipc.buffers import Buffers, VisionBuf
 from msgq.visionipc.layout import NV12Layout
-from msgq.visionipc.wire import BUF, MAX_BUFFERS, PACKET, REQUEST, STREAM_LIST, STREAMS, TRAILER, WRITING, check_name, check_stream, endpoint, socket_path
+from msgq.visionipc.wire import (BUF, MAX_BUFFERS, PACKET, REQUEST, STREAM_LIST, STREAMS, TRAILER, WRITING, check_name, check_stream,
+                                 endpoint, log, socket_path)
+from service.owned import check, modes, open_private, own_socket_file
 
 HANDSHAKE_TIMEOUT = 1.0   # s a connected client has to send its request; others are served meanwhile
-log = logging.getLogger("msgq.visionipc")
 
 class _Stream:
   def __init__(self, fds: list[int], bufs: Buffers, pub):
@@ -24,12 +25,13 @@ def _close_live() -> None:
 class VisionIpcServer:
   """One per camera process and name. Buffers are memfds: nothing in /dev/shm, and the memory goes with its last user.
   close() (or `with`, or dropping the last reference, or interpreter exit) removes the socket file; a crashed server's
-  stale one is replaced. The listener thread holds the streams, never the server, so no cycle keeps a dropped one alive."""
+  stale one is replaced, one of another account refused (NotOwnedError), as is a lock file of another's. The listener
+  thread holds the streams, never the server, so no cycle keeps a dropped one alive."""
   def __init__(self, name: str):
     self._closed, self._thread, self._sock = True, None, None   # until the name is ours: close() then has nothing to free
     self.name, self.path = check_name(name), socket_path(name)
     self.server_id = int.from_bytes(os.urandom(8), "little") | 1   # never 0
-    self._lock_fd = _lock(self.path + ".lock", f"VisionIPC server {name!r} is already running")
+    self._lock_fd = _lock(self.path + ".lock", f"VisionIPC server {name!r} is already running")   # NotOwnedError: another account's
     self._streams: dict[int, _Stream] = {}
     self._closed = False
     _live.add(self)
@@ -59,10 +61,7 @@ class VisionIpcServer:
   def start_listener(self) -> None:
     """Serve handshakes from a thread of this process; send() never waits for it."""
     if self._sock is not None: return
-    try: os.unlink(self.path)   # we hold the name's lock, so a socket file here is a crashed server's (or openpilot's)
-    except FileNotFoundError: pass
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
-    s.bind(self.path)
+    s = _bind(self.path)
     self._sock_ino = os.stat(self.path).st_ino   # a newer server that took the path over is not ours to clean up
     s.listen(64)
     self._sock, self._wake = s, os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
@@ -180,12 +179,31 @@ def _serve(conn: socket.socket, name: str, server_id: int, streams: dict[int, _S
                for i, fd in enumerate(s.fds)]
     socket.send_fds(conn, [b"".join(records)], s.fds)
     s.handshakes += 1
-  else: log.info("VisionIPC server %r: a client asked for stream %d; it serves %s", name, stream, sorted(streams))
+  else: log.warning("VisionIPC server %r: a client asked for stream %d; it serves %s", name, stream, sorted(streams))
+
+def _bind(path: str) -> socket.socket:
+  """The listening socket at path, 0600 (MSGQ_GROUP: 0660) from the start whatever the umask. A file there of another
+  account (or a symlink) is refused by name; ours is a crashed server's (or openpilot's): we hold the name's lock."""
+  try: check(path, os.lstat(path), "VisionIPC socket")
+  except FileNotFoundError: pass
+  else: os.unlink(path)
+  s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
+  try:
+    os.fchmod(s.fileno(), modes()[1])   # bind() gives the file the socket's mode less the umask: never wider, not for a moment
+    try: s.bind(path)
+    except OSError as e:
+      if e.errno == errno.EADDRINUSE: check(path, os.lstat(path), "VisionIPC socket")   # one made since: whose, by name
+      raise
+    own_socket_file(path)
+  except BaseException:
+    s.close()
+    raise
+  return s
 
 def _lock(path: str, busy: str) -> int:
   """An exclusive flock on `path`, held as long as the returned fd. Retries if the file was unlinked under us."""
   while True:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = open_private(path, os.O_RDWR | os.O_CREAT, "VisionIPC lock")
     try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
       os.close(fd)

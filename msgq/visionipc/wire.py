@@ -3,8 +3,10 @@
 The handshake on the server's unix socket (a stream type or STREAM_LIST in; the stream list, or a 112-byte BUF record
 per buffer with their fds, out) and the 48-byte PACKET per published frame. docs/VISIONIPC.md
 """
-import os, re, socket, struct
+import logging, os, re, socket, struct
 from msgq.pubsub import IpcError, prefix, transport
+from service import RateLimit
+from service.owned import NotOwnedError, check_peer
 
 STREAM_LIST = 0xFFFFFFFF      # the request for the list of streams (never a stream type)
 MAX_BUFFERS = 127             # buffers per stream: openpilot's client takes fewer than 128 fds
@@ -19,6 +21,8 @@ BUF = struct.Struct("=QQQQi4xQQQQQQQQIi")
 # struct VisionIpcPacket: server_id, idx, then VisionIpcBufExtra: frame_id (uint32), timestamp_sof, timestamp_eof, valid
 PACKET = struct.Struct("=QQI4xQQ?7x")
 assert (BUF.size, PACKET.size) == (112, 48)
+log = logging.getLogger("msgq.visionipc")
+log.addFilter(RateLimit())   # what peers make it say stays bounded whatever the process's logging (a library's user too)
 
 def check_name(name: str) -> str:
   if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
@@ -42,10 +46,15 @@ def socket_path(name: str) -> str:
 
 def request(name: str, stream: int, timeout: float = 2.0) -> tuple[bytes, list[int]]:
   """One handshake round trip: the reply's bytes and fds (the caller closes them). OSError when no server listens
-  (missing or stale socket file); IpcError for a reply cut short."""
+  (missing or stale socket file); IpcError for a reply cut short; NotOwnedError (logged) for a server of another
+  account, which gets no request and sends us no buffer."""
   with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC) as s:
     s.settimeout(timeout)
-    s.connect(socket_path(name))
+    s.connect(path := socket_path(name))
+    try: check_peer(s, f"VisionIPC server {name!r} at {path}")
+    except NotOwnedError as e:
+      log.warning("%s", e)
+      raise
     s.send(REQUEST.pack(stream))
     msg, fds, flags, _ = socket.recv_fds(s, BUF.size * (MAX_BUFFERS + 1), MAX_BUFFERS + 1, socket.MSG_CMSG_CLOEXEC)
   if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
