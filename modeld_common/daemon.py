@@ -129,7 +129,10 @@ class Daemon:
           if key not in kept: kept[key] = VisionIpcClient(server, *key)
         clients = [kept[key] for key in want]
         if not connect(clients, self.stop, self.tick): continue
-        self.log.info("connected to %r: %s", server, desc := ', '.join(f"stream {c.stream} ({c.layout})" for c in clients))
+        desc = ', '.join(f"stream {c.stream} ({c.layout})" for c in clients)
+        if self.stats.totals.get('connects'):   # as often as its server restarts or misbehaves: a warning, rate-limited
+          self.log.warning("reconnected to %r: %s", server, desc)
+        else: self.log.info("connected to %r: %s", server, desc)
         self.stats.count('connects')
         self.stats.set_state(f"serving {server!r}: {desc}")
         yield Camera(self, clients, StreamWatch(server, streams, clients[0].server_id, wanted))

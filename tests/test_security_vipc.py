@@ -248,3 +248,21 @@ def test_requests_for_missing_streams_do_not_flood_the_log(scene):
   said = [l for l in err.splitlines() if "a client asked for stream" in l]
   print(f"{len(said)} lines for 500 requests in {elapsed:.2f} s")
   assert p.returncode == 0 and 1 <= len(said) <= RateLimit().burst + 2 + elapsed / RateLimit().interval, (elapsed, said)
+
+def test_reconnects_forced_by_a_camera_server_do_not_flood_the_daemons_log(tiny_artifacts):
+  """Packets of unknown servers on the frame topic, each a reconnect (30 of them): dmonitoringd reconnects each time
+  and goes on, its log saying so a bounded number of times."""
+  cam = Camera({DRIVER: LAYOUT})
+  d, notify = start_daemon("dmonitoringd", tiny_artifacts, "--stats-interval", "0", "--model-only", abstract=True)
+  t0 = time.monotonic()
+  try:
+    for n in range(30):
+      cam.server._stream(DRIVER).pub.send(PACKET.pack(0xbad0 + n, 0, n, 0, 0, True))
+      notify.wait_count("connects", n + 2)
+    elapsed = time.monotonic() - t0
+  finally:
+    rc, _ = d.stop()
+    cam.close(); notify.close()
+  said = [l for l in d.stderr().splitlines() if "connected to 'camerad'" in l]
+  print(f"{len(said)} lines for 30 reconnects in {elapsed:.2f} s")
+  assert rc == 0 and 2 <= len(said) <= 1 + RateLimit().burst + 2 + elapsed / RateLimit().interval, (elapsed, said)
