@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
-"""msgq on its two transports (shm, zmq) against openpilot's own C++ msgq through its Python binding (when
-OPENPILOT_MSGQ_SRC names its source), publisher and subscriber in separate processes: latency of paced sends and what
-a burst delivers, in rounds that take turns between the implementations. Prints every figure, then the ratios the
-targets are about; docs/PERFORMANCE.md says how each is measured."""
+"""msgq on its two transports (shm, zmq), publisher and subscriber in separate processes: latency of paced sends and
+what a burst delivers, in rounds that take turns between the transports. Prints every figure, then the ratio the target
+is about; docs/PERFORMANCE.md says how each is measured."""
 import json, os, queue, subprocess, sys, threading, time
 import numpy as np
 
@@ -57,16 +56,15 @@ def child(role: str, kind: str, size: int) -> None:
 class Side:
   """One child of one implementation; what it says is read by a thread into a queue."""
   def __init__(self, role: str, kind: str, size: int, env: dict):
-    # -P: this script (bench/msgq.py) must not be `import msgq`; -S for openpilot's: not the project's editable install either
-    isolated = ["-P", "-S"] if kind == "upstream" else ["-P"]
-    self.p = subprocess.Popen([sys.executable, "-B", *isolated, __file__, "--child", role, kind, str(size)], stdin=subprocess.PIPE,
+    # -P: this script (bench/msgq.py) must not be `import msgq`
+    self.p = subprocess.Popen([sys.executable, "-B", "-P", __file__, "--child", role, kind, str(size)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True, env=env)
     self.said, self.name = queue.Queue(), f"{kind} {role}"
     threading.Thread(target=self._read, daemon=True).start()
     assert self.hear() == "up", f"{self.name} did not start"
   def _read(self) -> None:
     for line in self.p.stdout:
-      if line.startswith(("{", '"')): self.said.put(json.loads(line))   # not openpilot's own prints
+      self.said.put(json.loads(line))
     self.said.put(None)
   def hear(self, timeout: float = 60):
     if (obj := self.said.get(timeout=timeout)) is None: raise RuntimeError(f"{self.name} exited ({self.p.wait()})")
@@ -88,17 +86,7 @@ def end(sub: Side, pub: Side, phase: int) -> dict:
 def environments() -> dict[str, dict]:
   prefix = f"bench-msgq-{os.getpid()}"
   base = {**os.environ, "OPENPILOT_PREFIX": prefix, "PYTHONPATH": REPO}
-  envs = {"shm": {**base, "MSGQ_TRANSPORT": "shm"}, "zmq": {**base, "MSGQ_TRANSPORT": "zmq"}}
-  if os.environ.get("OPENPILOT_MSGQ_SRC"):
-    sys.path.insert(0, REPO)
-    from pathlib import Path
-    from tests.upstream import build
-    import sysconfig
-    built = build(Path(os.environ["OPENPILOT_MSGQ_SRC"]).resolve())
-    os.makedirs(f"/dev/shm/msgq_{prefix}", exist_ok=True)   # openpilot's msgq does not make its prefix's folder
-    envs["upstream"] = {**base, "PYTHONPATH": os.pathsep.join([str(built), sysconfig.get_path("purelib"), sysconfig.get_path("platlib")])}
-  else: print("bench/msgq.py: OPENPILOT_MSGQ_SRC unset: openpilot's C++ msgq not measured (set it to a commaai/msgq checkout)")
-  return envs
+  return {"shm": {**base, "MSGQ_TRANSPORT": "shm"}, "zmq": {**base, "MSGQ_TRANSPORT": "zmq"}}
 
 def run(size: int, envs: dict) -> dict:
   sides = {k: (Side("sub", k, size, env), Side("pub", k, size, env)) for k, env in envs.items()}
@@ -128,7 +116,6 @@ def main() -> None:
     for k, r in res.items():
       print(f"{name:7s} {k:8s}: latency p50 {r['p50']:7.1f} us  p99 {r['p99']:7.1f} us  ({r['n']} messages)   burst: sent "
             f"{r['send_rate']:8.0f} msg/s, delivered {r['recv_rate']:8.0f} msg/s ({r['got']}/{r['sent']})")
-    if "upstream" in res: ratios.append(f"{name}: shm/upstream latency p50 {res['shm']['p50'] / res['upstream']['p50']:.2f} (target <= 2)")
     ratios.append(f"{name}: shm/zmq latency p50 {res['shm']['p50'] / res['zmq']['p50']:.2f} (target <= 1)")
   import shutil
   shutil.rmtree(f"/dev/shm/msgq_{envs['shm']['OPENPILOT_PREFIX']}", ignore_errors=True)

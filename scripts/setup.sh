@@ -9,7 +9,6 @@ command -v python3 >/dev/null || need+=(python3)        # a minimal image may ha
 command -v clang >/dev/null || need+=(clang)            # tinygrad's CPU backend compiles with clang
 python3 -c 'import ensurepip' 2>/dev/null || need+=(python3-venv)
 ldconfig -p 2>/dev/null | grep -q 'libatomic\.so\.1' || need+=(libatomic1)   # msgq's shm transport: compare-and-swap
-command -v g++ >/dev/null || need+=(g++)                # the interop tests build openpilot's msgq (C++)
 [ -x /usr/bin/chromium ] || need+=(chromium)            # the web viewer's test (tests/test_view.py) drives Debian's chromium
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

@@ -1,5 +1,5 @@
 """VisionIPC with real processes, real shared memory and real sockets, on both transports: servers in child processes
-driven over a pipe, clients here or in their own processes. openpilot's own client and server: tests/test_openpilot_msgq.py."""
+driven over a pipe, clients here or in their own processes. Against openpilot's own bytes: tests/test_golden_msgq.py."""
 import glob, multiprocessing as mp, os, signal, socket, stat, sys, time, uuid
 import numpy as np
 import pytest
