@@ -14,15 +14,15 @@ class PubSocket:
   transport, q, tcp = "shm", None, None   # q and tcp until made: close() (from __del__) needs them
 
   def __init__(self, endpoint: str, segment_size: int):
-    from msgq import zmq
+    from msgq.tcp import tcp_publisher
     self.endpoint, self.q, self.superseded = endpoint, _queue(endpoint, segment_size), False
     self.q.init_publisher()
-    self.tcp = zmq.tcp_publisher(endpoint, segment_size)   # None unless MSGQ_TCP asks for it
+    self.tcp = tcp_publisher(endpoint, segment_size)   # None unless MSGQ_TCP asks for it
 
   def send(self, data) -> int:
     if not isinstance(data, (bytes, bytearray)): data = memoryview(data).cast("B")   # len() counts bytes
     if (q := self.q) is None or not q.send(data): self._lost()
-    if self.tcp is not None: self.tcp.send(data, copy=False)
+    if self.tcp is not None: self.tcp.send(data)
     return len(data)
 
   def _lost(self) -> None:
@@ -36,7 +36,7 @@ class PubSocket:
 
   def close(self) -> None:
     if self.q is not None: self.q.close(); self.q = None
-    if self.tcp is not None: self.tcp.close(0); self.tcp = None
+    if self.tcp is not None: self.tcp.close(); self.tcp = None
 
   def __del__(self): self.close()
 

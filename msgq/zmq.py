@@ -5,12 +5,17 @@ Guarantees and how they are kept: docs/MSGQ.md; each has a test in tests/test_ms
 """
 import errno, fcntl, logging, math, mmap, os, select, socket, struct, sys, threading, time
 import zmq
+from zmq.utils.monitor import recv_monitor_message
+from service import RateLimit
 from msgq.pubsub import IpcError, MultiplePublishersError, max_message, prefix, tcp_port
 
 QUEUE_BYTES = 64 * 1024 * 1024        # one socket's queue for one peer holds at least this much of the largest message
 QUEUE_MESSAGES = 16384                # and a high-water mark of this many messages, whatever their size,
 QUEUE_CAP = 4 * 1024 ** 3             # unless that many of the largest would take more than this: then as many as fit
 MSG_OVERHEAD = 128                    # bytes libzmq spends per queued message besides its data (measured: 48-126)
+REMOTE_QUEUE_CAP = 2 * QUEUE_BYTES    # a queue to or from a TCP peer: at most about this much of the largest message
+LINK_CHECK_MS = 500                   # a remote subscriber waiting looks this often for a connection libzmq gave up
+RELINK_WAIT_MS = 50                   # the retry libzmq follows a lost connection with comes within this (microseconds)
 RECONNECT_IVL_MAX_S = 0.5             # a subscriber re-tries a missing publisher at least this often
 PUMP_S = 0.1                          # a publisher's thread applies subscriptions and looks for a newer publisher this often
 ZERO_COPY_MIN = 64 * 1024             # bytes objects this large are sent without a copy (pyzmq: slower below)
@@ -21,6 +26,7 @@ _UCRED = struct.Struct("3i")          # struct ucred: pid, uid, gid
 _OWNER = struct.Struct("<8sQ")        # an endpoint's owner file: its newest publisher's uid, the messages it has sent
 
 logger = logging.getLogger("msgq")
+logger.addFilter(RateLimit())   # what a publisher, a remote one too, makes a subscriber say stays bounded
 
 def runtime_dir() -> str:
   """Per-user directory (0700) holding the ipc sockets and publisher locks of this prefix."""
@@ -62,47 +68,31 @@ def _locked(path: str) -> int:
     except FileNotFoundError: pass
     os.close(fd)
 
-def _tcp_address() -> str | None:
-  """Where publishers serve remote subscribers: MSGQ_TCP '1' is loopback, an address binds that; unset or '0': nowhere."""
-  tcp = os.environ.get("MSGQ_TCP", "")
-  return None if tcp in ("", "0") else "127.0.0.1" if tcp == "1" else tcp
-
-def tcp_publisher(endpoint: str, segment_size: int) -> zmq.Socket | None:
-  """A plain ZMQ PUB on the endpoint's TCP port when MSGQ_TCP asks for one (the shm transport's way to remote readers)."""
-  if (addr := _tcp_address()) is None: return None
-  s = zmq.Context.instance().socket(zmq.PUB)
-  s.setsockopt(zmq.LINGER, 0)
-  s.setsockopt(zmq.SNDHWM, queue_len(max_message(segment_size)))
-  try: s.bind(f"tcp://{addr}:{tcp_port(endpoint)}")
-  except zmq.ZMQError as e:
-    s.close(0)
-    raise IpcError(f"cannot publish {endpoint!r} on tcp://{addr}:{tcp_port(endpoint)}: {e}") from None
-  return s
-
-def queue_len(msg_size: int) -> int:
+def queue_len(msg_size: int, cap: int = QUEUE_CAP) -> int:
   """High-water mark (messages) of a queue of messages up to msg_size bytes (an endpoint's largest). libzmq counts
   messages, not bytes: QUEUE_MESSAGES, so a burst of small messages fits (a Python sender outruns its own I/O thread
-  by thousands of them), or as many of the largest as QUEUE_CAP holds where that is fewer (an endpoint of large
+  by thousands of them), or as many of the largest as `cap` holds where that is fewer (an endpoint of large
   messages: a stopped reader must not pin its publisher's memory without end); and at least twice what holds
   QUEUE_BYTES of the largest, since libzmq learns what the other end took only every half mark. Its memory: at most
   the mark times the queued messages' own size plus MSG_OVERHEAD."""
-  return max(min(QUEUE_MESSAGES, QUEUE_CAP // (msg_size + MSG_OVERHEAD)), 2 * math.ceil(QUEUE_BYTES / (msg_size + MSG_OVERHEAD)))
+  return max(min(QUEUE_MESSAGES, cap // (msg_size + MSG_OVERHEAD)), 2 * math.ceil(QUEUE_BYTES / (msg_size + MSG_OVERHEAD)))
 
 class _PubState:
   """What a publisher shares with its pump thread: the thread holds this, never the PubSocket. `owner` maps the
   endpoint's owner file (_OWNER): this publisher is the endpoint's while its uid is there, and counts what it sent
   there, so a local subscriber knows what is on its way to it."""
-  def __init__(self, sock: zmq.Socket, path: str, owner: mmap.mmap, uid: bytes):
-    self.sock, self.path, self.owner, self.uid, self.sent = sock, path, owner, uid, 0
+  def __init__(self, sock: zmq.Socket, path: str, owner: mmap.mmap, uid: bytes, tcp):
+    self.sock, self.path, self.owner, self.uid, self.sent, self.tcp = sock, path, owner, uid, 0, tcp
     self.readers, self.mutex, self.closed, self.superseded = 0, threading.Lock(), False, False
 
   def is_owner(self) -> bool: return self.owner[:8] == self.uid
 
   def let_go(self) -> None:
     """A newer publisher took the endpoint: close our socket (its subscribers reconnect to the newer one), leave the
-    socket file, which is the newer one's. Caller holds the mutex."""
+    socket file, which is the newer one's; and our TCP port. Caller holds the mutex."""
     self.closed = self.superseded = True
     self.sock.close(0)
+    if self.tcp is not None: self.tcp.close()
 
   def process(self) -> None:
     # caller holds the mutex; reading EVENTS makes ZMQ attach new subscribers and queue their (un)subscriptions
@@ -149,10 +139,11 @@ class PubSocket:
   def __init__(self, endpoint: str, segment_size: int):
     """Take the endpoint, newest first: bind its ipc path (libzmq replaces the socket file of an older or dead
     publisher) and write our uid into its owner file, under the endpoint's lock. The owner file's shared flock, held
-    for life, tells subscribers a publisher is up."""
+    for life, tells subscribers a publisher is up. With MSGQ_TCP, a TcpPublisher (msgq/tcp.py) serves TCP peers."""
+    from msgq.tcp import tcp_publisher   # which imports this module
     self.endpoint, self.path, self.max_size = endpoint, (path := _ipc_path(endpoint)), max_message(segment_size)
     uid, lock = os.urandom(8), _locked(path + ".lock")
-    owner_fd, s = None, None
+    owner_fd, s, tcp = None, None, None
     try:
       owner_fd = os.open(path + ".pub", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
       fcntl.flock(owner_fd, fcntl.LOCK_SH)
@@ -167,19 +158,20 @@ class PubSocket:
       # it. Not XPUB_MANUAL_LAST_VALUE: that sends the next message after a subscription to its subscriber alone
       s.setsockopt(zmq.XPUB_MANUAL, 1)
       s.bind("ipc://" + path)
-      if (tcp := _tcp_address()) is not None: s.bind(f"tcp://{tcp}:{tcp_port(endpoint)}")
+      tcp = tcp_publisher(endpoint, segment_size)
       _OWNER.pack_into(owner, 0, uid, 0)
-    except (zmq.ZMQError, OSError) as e:
+    except (zmq.ZMQError, OSError, IpcError) as e:
       if s is not None: s.close(0)
+      if tcp is not None: tcp.close()
       if owner_fd is not None: os.close(owner_fd)
-      raise IpcError(f"cannot publish {endpoint!r}: {e}") from None
+      raise e if isinstance(e, IpcError) else IpcError(f"cannot publish {endpoint!r}: {e}") from None
     finally: os.close(lock)
-    self._owner_fd, self._wake, self._st = owner_fd, os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK), _PubState(s, path, owner, uid)
+    self._owner_fd, self._wake, self._st = owner_fd, os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK), _PubState(s, path, owner, uid, tcp)
     self._pump = threading.Thread(target=_pump, args=(self._st, s.getsockopt(zmq.FD), self._wake), name=f"msgq-pub-{endpoint}", daemon=True)
     self._pump.start()
 
   @property
-  def readers(self) -> int: return self._st.readers
+  def readers(self) -> int: return self._st.readers + (self._st.tcp.readers if self._st.tcp is not None else 0)
 
   def send(self, data: bytes | bytearray | memoryview) -> int:
     """Queue data for every subscriber; never blocks (a subscriber whose queue is full misses it).
@@ -195,6 +187,7 @@ class PubSocket:
       st.sock.send(data, copy=not (isinstance(data, bytes) and n >= ZERO_COPY_MIN))
       st.sent += 1
       _OWNER.pack_into(st.owner, 0, st.uid, st.sent)
+    if st.tcp is not None: st.tcp.send(data)
     return n
 
   def taken_over(self) -> bool: return self._st.superseded or (not self._st.closed and not self._st.is_owner())
@@ -205,7 +198,7 @@ class PubSocket:
     with self._st.mutex:
       if self._st.closed: return False
       self._st.process()
-      return self._st.readers > 0
+    return self.readers > 0
 
   def close(self) -> None:
     """Stop the pump, close the socket; if still the endpoint's owner, remove its files. Idempotent; also runs when
@@ -216,6 +209,7 @@ class PubSocket:
     try:
       if not st.closed: st.closed = True; st.sock.close(0)
     finally: st.mutex.release()
+    if st.tcp is not None: st.tcp.close()
     os.eventfd_write(self._wake, 1)
     if not sys.is_finalizing(): self._pump.join()   # at interpreter exit a daemon thread can no longer run to its end
     try: lock = _locked(self.path + ".lock")
@@ -244,21 +238,26 @@ class SubSocket:
     self.endpoint, self.conflate, self.max_size, self.refused = endpoint, conflate, max_message(segment_size), 0
     self.timeout, self._pending, self._rcvtimeo, self.confirmed = None, None, -1, False
     self._owner, self._base, self._got = None, None, 0   # what the publisher had sent when it confirmed us; taken since
-    # Larger messages than max_size are refused here, after arrival: ZMQ's own limit (MAXMSGSIZE) would end the
-    # connection for good. It is kept at 4x, only to bound the memory a foreign publisher can make us queue.
+    local = port is None and address in (None, "", "127.0.0.1")   # a port given: TCP, whatever the address
+    # A larger message than max_size: from a remote peer, libzmq refuses it as it reads its size (MAXMSGSIZE), before
+    # taking its bytes, and ends the connection for good (_relink connects again); from a local publisher (of our
+    # user, with another services table) it is refused here, after arrival, up to 4x (beyond, the connection ends)
     s = zmq.Context.instance().socket(zmq.SUB)
     s.setsockopt(zmq.LINGER, 0)
-    s.setsockopt(zmq.RCVHWM, queue_len(self.max_size))
-    s.setsockopt(zmq.MAXMSGSIZE, 4 * self.max_size)
+    s.setsockopt(zmq.RCVHWM, queue_len(self.max_size) if local else queue_len(self.max_size, REMOTE_QUEUE_CAP))
+    s.setsockopt(zmq.MAXMSGSIZE, 4 * self.max_size if local else self.max_size)
     s.setsockopt(zmq.RECONNECT_IVL, 20)
     s.setsockopt(zmq.RECONNECT_IVL_MAX, int(RECONNECT_IVL_MAX_S * 1000))
     # conflate: receive() drains the queue for its newest message. Not libzmq's ZMQ_CONFLATE, whose one-message pipe
     # has been seen to leave a frame unread by a blocking receive until the next one came (a lockstep camera then
     # waits forever for the answer to it)
     s.setsockopt(zmq.SUBSCRIBE, b"")
-    local = port is None and address in (None, "", "127.0.0.1")   # a port given: TCP, whatever the address
     path = _ipc_path(endpoint) if local else None
-    s.connect(("ipc://" + path) if local else f"tcp://{address}:{port or tcp_port(endpoint)}")
+    self.url = ("ipc://" + path) if local else f"tcp://{address}:{port or tcp_port(endpoint)}"
+    # a remote one's connection events: libzmq retries a lost connection (a disconnect, then a retry) but not one it
+    # ended (a disconnect alone)
+    self._link = None if local else s.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED)
+    s.connect(self.url)
     self.sock = s
     # the publisher's answer counts from our uid, or the uid its socket file belongs to (root reading a service's stack)
     if local and wait > 0 and _publisher_alive(path) and (told := _wait_live(s, wait, {os.getuid(), _owner(path)} - {None})):
@@ -276,11 +275,15 @@ class SubSocket:
     if self.sock is None: raise IpcError(f"receive on closed subscriber {self.endpoint!r}")
     deadline = None if timeout < 0 else time.monotonic() + timeout / 1000
     while True:
+      # a remote subscriber waits in slices, looking for a connection to connect again in between
+      if self._link is not None and not 0 <= timeout <= LINK_CHECK_MS: timeout = LINK_CHECK_MS
       if timeout != self._rcvtimeo: self.sock.setsockopt(zmq.RCVTIMEO, timeout); self._rcvtimeo = timeout
       try: msg = self.sock.recv(copy=True)
       except zmq.Again:   # libzmq's clock is coarse: it may give up before the deadline
-        if deadline is None or (left := deadline - time.monotonic()) <= 0: return None
-        timeout = max(1, math.ceil(left * 1000))
+        if self._link is not None: self._relink()
+        if deadline is None: timeout = -1
+        elif (left := deadline - time.monotonic()) <= 0: return None
+        else: timeout = max(1, math.ceil(left * 1000))
         continue
       self._got += 1
       if len(msg) > self.max_size:
@@ -289,6 +292,19 @@ class SubSocket:
                        self.endpoint, len(msg), self.max_size, self.refused)
       else: return msg
       if deadline is not None: timeout = max(0, int((deadline - time.monotonic()) * 1000))
+
+  def _relink(self) -> None:
+    """Connect again where libzmq ended a remote publisher's connection for good (a message over MAXMSGSIZE is a
+    protocol error): its last event a disconnect, with no retry after it within RELINK_WAIT_MS."""
+    last = None
+    while self._link.poll(0) or (last == zmq.EVENT_DISCONNECTED and self._link.poll(RELINK_WAIT_MS)):
+      last = recv_monitor_message(self._link)["event"]
+    if last != zmq.EVENT_DISCONNECTED: return
+    self.refused += 1
+    logger.warning("%s: %s sent a message over %d bytes, or broke the protocol: connecting again (%d refused so far)",
+                   self.endpoint, self.url, self.max_size, self.refused)
+    self.sock.disconnect(self.url)
+    self.sock.connect(self.url)
 
   def in_flight(self) -> int:
     """Messages the publisher has sent us that have not arrived yet (0 when it cannot tell: a remote or unconfirmed
@@ -313,6 +329,7 @@ class SubSocket:
     return msg
 
   def close(self) -> None:
+    if getattr(self, "_link", None) is not None: self._link.close(0); self._link = None
     if getattr(self, "sock", None) is not None: self.sock.close(0); self.sock = None
     if getattr(self, "_owner", None) is not None: self._owner.close(); self._owner = None
 
@@ -357,18 +374,20 @@ class Poller:
   def register(self, s: SubSocket, owner) -> None:
     self.socks.append(s); self.owners.append(owner)
     self.poller.register(s.sock, zmq.POLLIN)
+    if s._link is not None: self.poller.register(s._link, zmq.POLLIN)   # a remote one's connection events (_relink)
 
   def poll(self, timeout: int) -> list:
     """The owners of the sockets with a message ready, waiting up to timeout ms (-1 forever) for the first one. A ready
     socket's message is read ahead (so a refused one never counts as ready); receive() returns it."""
     deadline = None if timeout < 0 else time.monotonic() + timeout / 1000
-    by_sock = {s.sock: s for s in self.socks}
+    by_sock = {s.sock: s for s in self.socks} | {s._link: s for s in self.socks if s._link is not None}
     for s in self.socks:   # what the publishers sent before this poll is ready for it, as on the shm transport
       if s._pending is None and s.in_flight() > 0: s._pending = s._next(0)
     while True:
       ready = any(s._pending is not None for s in self.socks)
       left = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
       for zs, ev in self.poller.poll(0 if ready else left):
-        if ev & zmq.POLLIN and (s := by_sock[zs])._pending is None: s._pending = s._recv()
+        if zs is (s := by_sock[zs])._link: s._relink()
+        elif ev & zmq.POLLIN and s._pending is None: s._pending = s._recv()
       if (out := [o for o, s in zip(self.owners, self.socks) if s._pending is not None]) or (deadline is not None and time.monotonic() >= deadline):
         return out
