@@ -131,6 +131,10 @@ def segment_counts(j: Job) -> dict | None:
   except (OSError, ValueError): return None
 
 def run(args) -> int:
+  # a local Ray is this machine's alone: its node address is loopback, and so every process it starts (the GCS, the
+  # raylet, the agents, the workers) listens on 127.0.0.1 only, not on every interface (Ray's setting for Windows and
+  # macOS, where it starts no cluster); read when ray is imported
+  if not args.address: os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
   import ray
   from tqdm import tqdm
   from modeld_batch.pool import Pool
