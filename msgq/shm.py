@@ -1,10 +1,10 @@
 """The shm transport: openpilot's sockets (impl_msgq.cc) over its shared-memory queues (shmq.py), so openpilot's own
 processes publish to and subscribe from ours. With MSGQ_TCP, a publisher also serves remote subscribers over TCP."""
-import logging, time
+import time
 from msgq import shmq
 from msgq.pubsub import IpcError, MultiplePublishersError, prefix
 
-log = logging.getLogger("msgq")
+log = shmq.log   # rate-limited: what a queue file holds is written by its every opener
 
 def _queue(endpoint: str, segment_size: int) -> shmq.Queue:
   try: return shmq.Queue(endpoint, prefix(), segment_size)

@@ -2,8 +2,11 @@
 
 One file per endpoint in /dev/shm: a 384-byte header of 64-bit words, then a ring of records (an int64 length tag, the
 payload, padding to 8). One writer, up to 15 readers with their own read pointers; the writer wakes each reader with
-SIGUSR2 sent to the thread that registered it. Layout, rules and memory ordering: docs/MSGQ.md."""
-import ctypes, ctypes.util, mmap, os, platform, signal, threading, time
+SIGUSR2 sent to the thread that registered it, if of a process of its user's that handles it. Layout, rules and memory
+ordering: docs/MSGQ.md."""
+import ctypes, ctypes.util, logging, mmap, os, platform, signal, threading, time
+from service import RateLimit
+from service.owned import NotOwnedError, open_private, private_dir
 
 DEFAULT_SEGMENT = 1 << 20   # bytes of ring when the caller names no size (openpilot's DEFAULT_SEGMENT_SIZE)
 HEADER = 384                # num_readers, write_pointer, write_uid, then 15 read pointers, valids and uids
@@ -13,6 +16,9 @@ WRAP = -1                   # the tag that sends readers back to the ring's star
 POLL_SLICE = 0.1            # s: a waiting reader re-checks this often, so a writer that signals nobody is still seen
 LOW = 0xFFFFFFFF            # a pointer's offset (its high half counts the wraps), a uid's thread id
 _USR2, _BLOCK, _UNBLOCK = frozenset({signal.SIGUSR2}), signal.SIG_BLOCK, signal.SIG_UNBLOCK   # made once: the wake-up path is cold
+WAKE_CHECK_S = 1.0          # a publisher looks again this often at whom its reader slots name (a dead reader's tid reused)
+log = logging.getLogger("msgq.shm")
+log.addFilter(RateLimit())  # a queue file's garbage is written by whoever can write it: what it makes us say stays bounded
 
 class QueueError(Exception):
   """A queue file or record that breaks the format; the message names the file."""
@@ -54,10 +60,21 @@ def native() -> _Native:
         except ValueError: ctypes.CDLL(None).signal(signal.SIGUSR2, ctypes.c_void_p(1))   # not the main thread: SIG_IGN
   return _native
 
+def wakeable(tid: int) -> int:
+  """tid if it is a thread of a process of our user that catches or ignores SIGUSR2 (openpilot's readers set a handler,
+  ours ignore it), else 0: a reader slot is anyone's to write who can write the file, and SIGUSR2's default action ends
+  a process, so a planted or stale tid must get nothing."""
+  try:
+    with open(f"/proc/{tid}/status", "rb") as f: status = f.read()
+  except (OSError, ValueError): return 0
+  got = {k: v.split() for k, _, v in (line.partition(b":") for line in status.splitlines()) if k in (b"Uid", b"SigIgn", b"SigCgt")}
+  try: return tid if int(got[b"Uid"][1]) == os.geteuid() and (int(got[b"SigIgn"][0], 16) | int(got[b"SigCgt"][0], 16)) >> 11 & 1 else 0
+  except (KeyError, IndexError, ValueError): return 0
+
 def thread_signal(tid: int) -> None:
-  """SIGUSR2 to one thread of any process (openpilot's thread_signal). tid 0, a dead thread, another user's: nothing."""
+  """SIGUSR2 to one thread (openpilot's thread_signal), where wakeable() says it is a reader of ours."""
   n = _native or native()
-  if tid and n.tkill is not None: n.syscall(n.tkill, tid, signal.SIGUSR2)
+  if tid and n.tkill is not None and wakeable(tid): n.syscall(n.tkill, tid, signal.SIGUSR2)
 
 def new_uid() -> int:
   """32 random bits, then the calling thread's id (the wake-up target), as openpilot's msgq_get_uid."""
@@ -69,14 +86,18 @@ def queue_path(endpoint: str, prefix: str) -> str:
 
 class Queue:
   """One endpoint's queue file, mapped. A publisher calls init_publisher() once, then send(); a subscriber
-  init_subscriber(), then recv() / ready(). One thread at a time per Queue, as openpilot's sockets."""
+  init_subscriber(), then recv() / ready(). One thread at a time per Queue, as openpilot's sockets. The file and its
+  prefix folder are ours (service/owned.py): another account's, or a symlink, is refused by name. Any word of the file
+  may be garbage: the publisher recreates a header it cannot write on, a reader skips what it cannot read."""
   def __init__(self, endpoint: str, prefix: str, segment: int = 0):
     self.endpoint, self.path, self.size = endpoint, queue_path(endpoint, prefix), segment or DEFAULT_SEGMENT
     if not 48 <= self.size < 1 << 32 or self.size % 8:
       raise QueueError(f"{self.path}: the segment size must be a multiple of 8 in 48..2^32, got {self.size}")
     self.n = native()
-    if prefix: os.makedirs(os.path.dirname(self.path), mode=0o775, exist_ok=True)   # openpilot's msgq expects it made
-    try: fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o664)
+    try:
+      if prefix: private_dir(os.path.dirname(self.path), "queue folder")   # openpilot's msgq expects it made
+      fd = open_private(self.path, os.O_RDWR | os.O_CREAT, "queue file")
+    except NotOwnedError as e: raise QueueError(str(e)) from None
     except OSError as e: raise QueueError(f"cannot open {self.path}: {e.strerror}") from None
     try:
       have = os.fstat(fd).st_size
@@ -89,10 +110,7 @@ class Queue:
     self.w, self.tags = memoryview(self.mm)[:HEADER].cast("Q"), memoryview(self.mm)[HEADER:].cast("q")
     self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self.mm))   # the temporary export is gone at once
     self.reader_id, self.read_uid, self.write_uid, self.conflate, self.max_msg = -1, 0, 0, False, max_message(self.size)
-    if (nr := self.w[NUM_READERS_W]) > NUM_READERS or self.w[WRITE_POINTER] & LOW > self.size:
-      wp = self.w[WRITE_POINTER]
-      self.close()
-      raise QueueError(f"{self.path}: corrupt header (num_readers {nr}, write pointer {wp:#x})")
+    self.wake, self.wake_until = {}, 0.   # a publisher's reader uids -> the tid to signal (0: none), looked at until then
 
   def cas(self, word: int, expected: int, new: int) -> bool:
     return self.n.cas(self.addr + 8 * word, ctypes.c_uint64(expected), new, 5, 5)   # 5: __ATOMIC_SEQ_CST
@@ -106,10 +124,21 @@ class Queue:
   # ---- publisher ----
   def init_publisher(self) -> None:
     """Take the endpoint: another publisher's next send fails, every reader re-registers (openpilot's rule)."""
-    w, self.write_uid = self.w, new_uid()
+    self.write_uid = new_uid()
+    self._reset(self.w[WRITE_POINTER])
+
+  def _reset(self, wp: int) -> int:
+    """Write our uid and clear every reader slot; a write pointer that points outside the ring (a header of garbage)
+    starts the ring again, saying so. Returns the write pointer."""
+    w, size = self.w, self.size
+    if wp & LOW > size - 8 or wp & 7:
+      log.warning("%s: corrupt header (write pointer %#x, num_readers %d): recreated the queue; its readers register again",
+                  self.path, wp, w[NUM_READERS_W])
+      w[WRITE_POINTER] = wp = 0
     w[WRITE_UID], w[NUM_READERS_W] = self.write_uid, 0
     for i in range(NUM_READERS): w[READ_VALIDS + i] = w[READ_UIDS + i] = 0
     if self.n.fence: self.n.fence(5)
+    return wp
 
   def is_publisher(self) -> bool: return self.w[WRITE_UID] == self.write_uid
 
@@ -126,6 +155,7 @@ class Queue:
     readers, wp = w[NUM_READERS_W], w[WRITE_POINTER]
     if readers > NUM_READERS: readers = NUM_READERS
     cycle, off = wp >> 32, wp & LOW
+    if off > size - 8 or off & 7: readers, cycle, off = 0, 0, self._reset(wp)   # garbage: a tag written there would miss the ring
     if size - off - ((n + 15) & ~7) - 8 <= 0:   # no room before the end (8 bytes always stay free for this tag): wrap
       self.tags[off // 8] = WRAP
       for i in range(readers):   # readers still ahead of us in the previous cycle lose what gets overwritten
@@ -142,11 +172,19 @@ class Queue:
     if fence: fence(5)   # the record before the pointer that shows it
     w[WRITE_POINTER] = cycle << 32 | end
     if fence: fence(5)
-    if readers:
-      syscall, tkill = self.n.syscall, self.n.tkill
-      for i in range(readers):
-        if (tid := w[READ_UIDS + i] & LOW) and tkill: syscall(tkill, tid, 12)   # SIGUSR2, as thread_signal()
+    if readers and (tkill := self.n.tkill):
+      syscall, wake = self.n.syscall, self.wake
+      if (now := time.monotonic()) > self.wake_until: wake.clear(); self.wake_until = now + WAKE_CHECK_S
+      for i in range(readers):   # SIGUSR2, as thread_signal(), to the tids wakeable() passed
+        if (tid := wake.get(uid := w[READ_UIDS + i])) is None: tid = self._wakeable(uid)
+        if tid: syscall(tkill, tid, 12)
     return True
+
+  def _wakeable(self, uid: int) -> int:
+    """The tid to signal for reader uid `uid` (0: none), remembered until the next look (WAKE_CHECK_S)."""
+    if len(self.wake) >= 4 * NUM_READERS: self.wake.clear()   # uids churned by some writer: the table stays small
+    self.wake[uid] = tid = wakeable(uid & LOW)
+    return tid
 
   def all_readers_updated(self) -> bool:
     """A reader is registered and every valid one has read everything (openpilot's msgq_all_readers_updated), and no
@@ -193,7 +231,12 @@ class Queue:
 
   def ready(self) -> bool:
     w, rid = self.w, self.reader_id
-    if w[READ_UIDS + rid] != self.read_uid or not w[READ_VALIDS + rid]: self._check_slot(); rid = self.reader_id
+    if w[READ_UIDS + rid] != self.read_uid or not w[READ_VALIDS + rid]:
+      try: self._check_slot()
+      except QueueError as e:   # not ready: the poll sleeps its slice instead of spinning on it
+        log.warning("%s", e)
+        return False
+      rid = self.reader_id
     return (w[READ_POINTERS + rid] ^ w[WRITE_POINTER]) & LOW != 0
 
   def recv(self) -> bytes | None:
