@@ -3,7 +3,7 @@
 MSGQ_TRANSPORT picks one per process, read when a socket connects: `zmq` (the default, zmq.py) or `shm` (openpilot's
 own shared-memory queues, byte for byte, shm.py). Both keep openpilot's rules; docs/MSGQ.md.
 """
-import os, time
+import os, stat, time
 
 TRANSPORTS = ("zmq", "shm")
 DEFAULT_SEGMENT = 1 << 20   # bytes of queue of an endpoint outside the services table (openpilot's default)
@@ -36,14 +36,19 @@ def stack_location() -> str:
 
 def remove_stack() -> None:
   """Remove what a private stack (an OPENPILOT_PREFIX of its own) leaves behind on either transport: queue files, socket
-  files, locks. Call it once its processes are gone. The default stack is never removed: openpilot's may use it."""
+  files, locks. Call it once its processes are gone. The default stack is never removed: openpilot's may use it. What
+  another account made in their place (a squatter's folder or file, a service account's stack) is left as it is."""
   import glob, shutil
   from msgq.zmq import runtime_dir
   if not (p := prefix()): raise IpcError("remove_stack() needs an OPENPILOT_PREFIX: the default stack is openpilot's too")
-  shutil.rmtree(f"/dev/shm/msgq_{p}", ignore_errors=True)
-  for f in glob.glob(f"/tmp/{glob.escape(p)}_visionipc_*"): os.unlink(f)
-  try: shutil.rmtree(runtime_dir(), ignore_errors=True)
-  except IpcError: pass   # a runtime directory of another user's that holds no such stack
+  try: places = [f"/dev/shm/msgq_{p}", runtime_dir()]
+  except IpcError: places = [f"/dev/shm/msgq_{p}"]   # a runtime directory that is not ours to use
+  for f in places + glob.glob(f"/tmp/{glob.escape(p)}_visionipc_*"):
+    try: st = os.lstat(f)
+    except FileNotFoundError: continue
+    if st.st_uid != os.geteuid(): continue
+    if stat.S_ISDIR(st.st_mode): shutil.rmtree(f, ignore_errors=True)
+    else: os.unlink(f)
 
 def check_endpoint(endpoint: str) -> str:
   if not isinstance(endpoint, str) or not endpoint or "/" in endpoint or endpoint in (".", ".."):

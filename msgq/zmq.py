@@ -3,10 +3,11 @@ for remote subscribers and, with MSGQ_TCP, publishers that serve them. Nothing b
 plain ZMQ SUB (openpilot's bridge, a script) reads openpilot's bytes. Delivery is asynchronous (an I/O thread).
 Guarantees and how they are kept: docs/MSGQ.md; each has a test in tests/test_msgq.py.
 """
-import errno, fcntl, logging, math, mmap, os, select, socket, struct, sys, threading, time
+import errno, fcntl, logging, math, mmap, os, select, socket, stat, struct, sys, threading, time
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 from service import RateLimit
+from service.owned import NotOwnedError, account, open_private, own_socket_file, private_dir
 from msgq.pubsub import IpcError, MultiplePublishersError, max_message, prefix, tcp_port
 
 QUEUE_BYTES = 64 * 1024 * 1024        # one socket's queue for one peer holds at least this much of the largest message
@@ -29,24 +30,45 @@ logger = logging.getLogger("msgq")
 logger.addFilter(RateLimit())   # what a publisher, a remote one too, makes a subscriber say stays bounded
 
 def runtime_dir() -> str:
-  """Per-user directory (0700) holding the ipc sockets and publisher locks of this prefix."""
-  root = os.environ.get("MSGQ_RUNTIME_DIR") or \
-         (os.path.join(os.environ["XDG_RUNTIME_DIR"], "msgq") if os.environ.get("XDG_RUNTIME_DIR") else f"/tmp/msgq-{os.getuid()}")
-  path = os.path.join(root, prefix() or "default")
-  if os.getuid() == 0 and (owner := _owner(root)) not in (None, 0):
-    # root looking at another user's stack (a service user's /run/modeld): as it is. A folder made or a mode changed
-    # here would lock that user out of its own stack
-    if not os.path.isdir(path): raise IpcError(f"no stack runs in {path} (its runtime directory {root} belongs to uid {owner})")
+  """This prefix's folder of ipc sockets, locks and owner files in the runtime directory: $MSGQ_RUNTIME_DIR, else
+  $XDG_RUNTIME_DIR/msgq, else /run/msgq for root (never /tmp, where any account can make it first), /tmp/msgq-<uid> for
+  others. Both ours, 0700 (MSGQ_GROUP: 0770) whatever the umask; another account's, or a symlink, is refused by name,
+  except where root reads a service account's stack (_adopted())."""
+  named = os.environ.get("MSGQ_RUNTIME_DIR")
+  root = os.path.abspath(named or (os.path.join(os.environ["XDG_RUNTIME_DIR"], "msgq") if os.environ.get("XDG_RUNTIME_DIR")
+                                   else "/run/msgq" if os.geteuid() == 0 else f"/tmp/msgq-{os.geteuid()}"))
+  if named and (adopted := _adopted(root)) is not None:
+    # as it is: a folder made or a mode changed here would lock that account out of its own stack
+    uid, real = adopted
+    path = os.path.join(real, prefix() or "default")
+    try: st = os.lstat(path)
+    except OSError: st = None
+    if st is None or not stat.S_ISDIR(st.st_mode) or st.st_uid not in (uid, 0):
+      raise IpcError(f"no stack runs in {path} (its runtime directory {root} belongs to {account(uid)})")
     return path
+  path = os.path.join(root, prefix() or "default")
   try:
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    st = os.stat(root)
-    if st.st_uid != os.getuid():   # someone else made it (e.g. in /tmp): their sockets, not ours
-      raise IpcError(f"runtime directory {root} belongs to uid {st.st_uid}, not to us ({os.getuid()})")
-    for d in (root, path):
-      if os.stat(d).st_mode & 0o077: os.chmod(d, 0o700)
+    os.makedirs(os.path.dirname(root), mode=0o700, exist_ok=True)
+    private_dir(root, "runtime directory")
+    return private_dir(path, "runtime directory")
+  except NotOwnedError as e: raise IpcError(str(e)) from None
   except OSError as e: raise IpcError(f"cannot create runtime directory {path}: {e}") from None
-  return path
+
+def _adopted(root: str) -> tuple[int, str] | None:
+  """(its owner, its real path) where we are root and `root`, named by MSGQ_RUNTIME_DIR, is a folder of another account
+  that only root can have made (systemd's /run/modeld for a service's User=): the folder above is root's and writable
+  by no one else, and so is every one above that, or sticky (/tmp) to keep root's own entry. One that account made
+  itself (in /tmp) is refused as any other account's; so are XDG_RUNTIME_DIR's and the default."""
+  if os.geteuid() != 0: return None
+  real = os.path.join(os.path.realpath(os.path.dirname(root)), os.path.basename(root))
+  try: st = os.lstat(real)
+  except OSError: return None
+  if st.st_uid == 0 or not stat.S_ISDIR(st.st_mode): return None
+  up = parent = os.path.dirname(real)
+  while True:
+    s = os.lstat(up)
+    if s.st_uid != 0 or s.st_mode & 0o022 and (up == parent or not s.st_mode & stat.S_ISVTX): return None
+    if up == (up := os.path.dirname(up)): return st.st_uid, real
 
 def _owner(path: str) -> int | None:
   try: return os.stat(path).st_uid
@@ -61,7 +83,8 @@ def _locked(path: str) -> int:
   """An exclusive flock on `path` (created if missing), waiting for it; the fd holds it. Retries when the file was
   unlinked by its last holder meanwhile (the lock of an unlinked file excludes nobody)."""
   while True:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try: fd = open_private(path, os.O_RDWR | os.O_CREAT, "lock")
+    except NotOwnedError as e: raise IpcError(str(e)) from None
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
       if os.stat(path).st_ino == os.fstat(fd).st_ino: return fd
@@ -145,7 +168,7 @@ class PubSocket:
     uid, lock = os.urandom(8), _locked(path + ".lock")
     owner_fd, s, tcp = None, None, None
     try:
-      owner_fd = os.open(path + ".pub", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+      owner_fd = open_private(path + ".pub", os.O_RDWR | os.O_CREAT, "owner file")
       fcntl.flock(owner_fd, fcntl.LOCK_SH)
       if os.fstat(owner_fd).st_size < _OWNER.size: os.ftruncate(owner_fd, _OWNER.size)
       owner = mmap.mmap(owner_fd, _OWNER.size)
@@ -158,6 +181,7 @@ class PubSocket:
       # it. Not XPUB_MANUAL_LAST_VALUE: that sends the next message after a subscription to its subscriber alone
       s.setsockopt(zmq.XPUB_MANUAL, 1)
       s.bind("ipc://" + path)
+      own_socket_file(path)
       tcp = tcp_publisher(endpoint, segment_size)
       _OWNER.pack_into(owner, 0, uid, 0)
     except (zmq.ZMQError, OSError, IpcError) as e:
@@ -213,7 +237,7 @@ class PubSocket:
     os.eventfd_write(self._wake, 1)
     if not sys.is_finalizing(): self._pump.join()   # at interpreter exit a daemon thread can no longer run to its end
     try: lock = _locked(self.path + ".lock")
-    except OSError: lock = None   # its runtime directory was removed under us: nothing left to remove
+    except (OSError, IpcError): lock = None   # its runtime directory was removed under us: nothing left to remove
     if lock is not None:
       try:
         if st.is_owner():
@@ -244,7 +268,8 @@ class SubSocket:
     # user, with another services table) it is refused here, after arrival, up to 4x (beyond, the connection ends)
     s = zmq.Context.instance().socket(zmq.SUB)
     s.setsockopt(zmq.LINGER, 0)
-    s.setsockopt(zmq.RCVHWM, queue_len(self.max_size) if local else queue_len(self.max_size, REMOTE_QUEUE_CAP))
+    self.hwm = queue_len(self.max_size) if local else queue_len(self.max_size, REMOTE_QUEUE_CAP)   # messages its queue holds
+    s.setsockopt(zmq.RCVHWM, self.hwm)
     s.setsockopt(zmq.MAXMSGSIZE, 4 * self.max_size if local else self.max_size)
     s.setsockopt(zmq.RECONNECT_IVL, 20)
     s.setsockopt(zmq.RECONNECT_IVL_MAX, int(RECONNECT_IVL_MAX_S * 1000))
@@ -263,7 +288,7 @@ class SubSocket:
     if local and wait > 0 and _publisher_alive(path) and (told := _wait_live(s, wait, {os.getuid(), _owner(path)} - {None})):
       self.confirmed = True
       try:
-        fd = os.open(path + ".pub", os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path + ".pub", os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         try: self._owner = mmap.mmap(fd, _OWNER.size, prot=mmap.PROT_READ)
         finally: os.close(fd)
         self._base = _OWNER.unpack(told[1:1 + _OWNER.size])
@@ -357,7 +382,7 @@ def _datagram(s: socket.socket) -> tuple[int | None, bytes]:
 
 def _publisher_alive(path: str) -> bool:
   """A publisher holds the endpoint's owner file (a shared flock for its life)."""
-  try: fd = os.open(path + ".pub", os.O_RDONLY | os.O_CLOEXEC)
+  try: fd = os.open(path + ".pub", os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
   except OSError: return False
   try:
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
