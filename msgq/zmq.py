@@ -7,7 +7,7 @@ import errno, fcntl, logging, math, mmap, os, select, socket, stat, struct, sys,
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 from service import RateLimit
-from service.owned import NotOwnedError, account, open_private, own_socket_file, private_dir
+from service.owned import NotOwnedError, account, check, open_private, own_socket_file, private_dir
 from msgq.pubsub import IpcError, MultiplePublishersError, max_message, prefix, tcp_port
 
 QUEUE_BYTES = 64 * 1024 * 1024        # one socket's queue for one peer holds at least this much of the largest message
@@ -48,7 +48,9 @@ def runtime_dir() -> str:
     return path
   path = os.path.join(root, prefix() or "default")
   try:
-    os.makedirs(os.path.dirname(root), mode=0o700, exist_ok=True)
+    os.makedirs(parent := os.path.dirname(root), mode=0o700, exist_ok=True)
+    st = check(parent, os.stat(parent), "the runtime directory's folder")   # its owner could swap ours for its own
+    if st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX: raise NotOwnedError(f"{parent} is every account's to write: refused")
     private_dir(root, "runtime directory")
     return private_dir(path, "runtime directory")
   except NotOwnedError as e: raise IpcError(str(e)) from None

@@ -185,7 +185,7 @@ def test_root_adopts_only_a_named_runtime_directory_that_root_made(open_tmp, mon
   account in a folder only root can write (systemd's /run/modeld); one the account could have made itself (its parent
   writable by others, as /tmp) is refused, as is the same folder reached through XDG_RUNTIME_DIR."""
   uid = nobody_uid()
-  for parent_mode, adopted in ((0o755, True), (0o777, False), (0o1777, False)):
+  for parent_mode, adopted in ((0o755, True), (0o777, False), (0o1777, False)):   # only root / anyone / anyone, sticky
     (top := open_tmp / f"p{parent_mode:o}").mkdir()
     top.chmod(parent_mode)
     (rt := top / "rt").mkdir()
@@ -194,11 +194,22 @@ def test_root_adopts_only_a_named_runtime_directory_that_root_made(open_tmp, mon
     monkeypatch.setenv("MSGQ_RUNTIME_DIR", str(rt))
     if adopted: assert msgq.runtime_dir() == str(rt / pfx())
     else:
-      with pytest.raises(msgq.IpcError, match=f"runtime directory {rt} belongs to uid 65534"): msgq.runtime_dir()
+      said = f"{top} is every account's to write" if parent_mode == 0o777 else f"runtime directory {rt} belongs to uid 65534"
+      with pytest.raises(msgq.IpcError, match=said): msgq.runtime_dir()
   monkeypatch.delenv("MSGQ_RUNTIME_DIR")
   monkeypatch.setenv("XDG_RUNTIME_DIR", str(open_tmp / "p755"))
   (open_tmp / "p755" / "rt").rename(open_tmp / "p755" / "msgq")
   with pytest.raises(msgq.IpcError, match="belongs to uid 65534"): msgq.runtime_dir()
+
+def test_a_runtime_directory_in_another_accounts_folder_is_refused_by_name(open_tmp, monkeypatch):
+  """XDG_RUNTIME_DIR names another account's folder (kept by sudo -E): root makes nothing in it, which that account
+  could swap for a folder of its own, and says why."""
+  uid = nobody_uid()
+  (theirs := open_tmp / "run-user").mkdir()
+  os.chown(theirs, uid, uid)
+  monkeypatch.setenv("XDG_RUNTIME_DIR", str(theirs))
+  with pytest.raises(msgq.IpcError, match=f"the runtime directory's folder {theirs} belongs to uid 65534"): msgq.pub_sock("ep")
+  assert os.listdir(theirs) == []
 
 # ---- signals ----
 
