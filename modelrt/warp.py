@@ -10,9 +10,9 @@ from transformations.model import MODEL_WIDTH, MODEL_HEIGHT, DM_WIDTH, DM_HEIGHT
 from modelrt.constants import IMG_CHANNELS, IMG_QUEUE_LEN
 from msgq.visionipc.layout import NV12Layout
 
-# openpilot v0.11.1 fills the driver model's pixels outside the camera with 0 (later releases: 16, luma black). Only a
-# sensor whose field ends inside the model frame (os04c10, 1344x760: its last 98 rows) shows it
-DM_BORDER_FILL = 0
+# openpilot v0.11.1 fills the driver model's pixels outside the camera with 16 (video black luma). Only a sensor whose
+# field ends inside the model frame (os04c10, 1344x760: its last 98 rows) shows it
+DM_BORDER_FILL = 16
 UV_SCALE = np.array([[1, 1, .5], [1, 1, .5], [2, 2, 1]], dtype=np.float32)
 PACKED_SHAPE = (IMG_CHANNELS, MODEL_HEIGHT // 2, MODEL_WIDTH // 2)   # (6, 128, 256)
 

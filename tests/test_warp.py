@@ -9,7 +9,7 @@ from transformations.model import MODEL_WIDTH, MODEL_HEIGHT, DM_WIDTH, DM_HEIGHT
 from modelrt.constants import IMG_QUEUE_LEN, IMG_CHANNELS, IMG_INPUT_SHAPE
 from transformations.camera import camera_config, camera_from_calib, CameraConfig
 from modelrt import internals
-from modelrt.warp import road_warp, dm_warp, road_warp_np, dm_warp_np, update_img_queue, UV_SCALE, PACKED_SHAPE, DM_BORDER_FILL
+from modelrt.warp import road_warp, dm_warp, road_warp_np, dm_warp_np, update_img_queue, UV_SCALE, PACKED_SHAPE
 from msgq.visionipc.layout import NV12Layout
 
 RPY = (0.02, -0.035, 0.015)
@@ -120,7 +120,7 @@ def test_driver_warp(aligned_frame):
 
 def test_driver_warp_of_a_scaled_sensor():
   """os04c10 (1344x760, fl 425.25) in a padded layout: model pixel (x, y) -> (0.75 x + 132, 0.75 y + 113), whose exact
-  halves round to even, and the rows past the camera's last read DM_BORDER_FILL, as openpilot's driver warp."""
+  halves round to even, and the rows past the camera's last read 16, as openpilot v0.11.1's driver warp fills them."""
   cam = camera_config('os04c10', 'driver')
   layout = NV12Layout(cam.width, cam.height, cam.width + 128, (cam.width + 128) * cam.height + 256, (cam.width + 128) * cam.height * 3 // 2 + 512)
   buf, M = make_frame(layout, seed=3), dm_warp_matrix(cam)
@@ -129,7 +129,7 @@ def test_driver_warp_of_a_scaled_sensor():
   np.testing.assert_array_equal(out, dm_warp_np(buf, M, layout))
   xs, ys = np.round(0.75 * np.arange(DM_WIDTH) + 132).astype(int), np.round(0.75 * np.arange(DM_HEIGHT) + 113).astype(int)
   assert np.count_nonzero((0.75 * np.arange(DM_WIDTH) + 132) % 1 == 0.5) == DM_WIDTH // 4   # ties: every 4th column
-  expected = np.full((DM_HEIGHT, DM_WIDTH), DM_BORDER_FILL, np.uint8)
+  expected = np.full((DM_HEIGHT, DM_WIDTH), 16, np.uint8)
   expected[ys < cam.height] = planes(buf, layout)[0][ys[ys < cam.height]][:, xs]
   np.testing.assert_array_equal(out.reshape(DM_HEIGHT, DM_WIDTH), expected)
   assert (ys >= cam.height).sum() == 98 and (out != PAD).all()
