@@ -208,7 +208,7 @@ def realsize_vision_onnx(path: pathlib.Path) -> tuple[pathlib.Path, int, int]:
   from tests.onnx_models import save_model, release_layout, KNOWN_SLICES
   from modelrt.contracts import ROAD_V0_11_1
   m, rng = ROAD_V0_11_1.vision, np.random.default_rng(0)
-  slices, bias = release_layout(m, KNOWN_SLICES['vision'], {}, 0)
+  slices, bias = release_layout(m, KNOWN_SLICES['vision'], {})
   nodes, weights, flops, feats = [], {'scale': np.array(1 / 255, np.float32)}, 0, []
   for k in ('img', 'big_img'):
     nodes += [helper.make_node('Cast', [k], [f'{k}_f'], to=TensorProto.FLOAT), helper.make_node('Mul', [f'{k}_f', 'scale'], [f'{k}_s'])]
@@ -224,10 +224,10 @@ def realsize_vision_onnx(path: pathlib.Path) -> tuple[pathlib.Path, int, int]:
 def realsize_dm_onnx(path: pathlib.Path) -> tuple[pathlib.Path, int, int]:
   """The release's driver-monitoring I/O and output_slices with a real-size network; (path, parameters, FLOPs)."""
   from onnx import helper, TensorProto
-  from tests.onnx_models import save_model, release_layout, KNOWN_SLICES, DM_FEATURES
+  from tests.onnx_models import save_model, release_layout, KNOWN_SLICES
   from modelrt.contracts import DM_V0_11_1
   m, rng = DM_V0_11_1.dm, np.random.default_rng(1)
-  slices, bias = release_layout(m, KNOWN_SLICES['dm'], {}, DM_FEATURES)
+  slices, bias = release_layout(m, KNOWN_SLICES['dm'], {})
   weights = {'scale': np.array(1 / 255, np.float32), 'shape': np.array([1, 1, 960, 1440], np.int64)}
   nodes = [helper.make_node('Cast', ['input_img'], ['img_f'], to=TensorProto.FLOAT), helper.make_node('Mul', ['img_f', 'scale'], ['img_s']),
            helper.make_node('Reshape', ['img_s', 'shape'], ['img'])]

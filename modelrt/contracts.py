@@ -39,10 +39,9 @@ class Head:
 @dataclass(frozen=True)
 class Model:
   inputs: dict[str, Input]   # in call order
-  heads: dict[str, Head]     # in the order of the release's output vector
+  heads: dict[str, Head]     # in the order of the release's output vector; a slice named 'pad' (openpilot's name for an
+                             # output's unused tail) is allowed too
   width: int | None = None   # the output vector's width; None: any that holds the slices
-  open: bool = False         # slices the contract does not name are allowed (not parsed); 'pad', openpilot's name for an
-                             # output's unused tail, always is
 
   @property
   def heads_width(self) -> int: return sum(h.width for h in self.heads.values())
@@ -97,8 +96,8 @@ FAMILY_MODELS: dict[str, tuple[str, ...]] = {c.family: c.MODELS for c in (RoadCo
 # ***** openpilot v0.11.1 (2026-05-18): driving_vision.onnx + driving_policy.onnx, dmonitoring_model.onnx *****
 
 _F16 = ('float16',)   # openpilot feeds its host inputs as float32; a float16 graph gets them cast
-_DM_PROBS = ('face_prob', 'left_eye_prob', 'right_eye_prob', 'left_blink_prob', 'right_blink_prob', 'sunglasses_prob',
-             'using_phone_prob', 'sleep_prob')
+_DM_PROBS = ('face_prob', 'left_eye_prob', 'right_eye_prob', 'sunglasses_prob', 'left_blink_prob', 'right_blink_prob',
+             'using_phone_prob', 'sleep_prob')   # per driver side, in the order of the release's dmonitoring_model_metadata.pkl
 
 ROAD_V0_11_1 = RoadContract(
   name='openpilot-0.11.1',
@@ -134,8 +133,8 @@ DM_V0_11_1 = DMContract(
   dm=Model(
     inputs={'input_img': Input(DM_INPUT_SHAPE, 'uint8', warped=True), 'calib': Input((1, 3), 'float32', _F16)},
     heads={**{k: h for s in ('lhd', 'rhd') for k, h in ((f'face_descs_{s}', Head('mdn', (6,))), *((f'{p}_{s}', Head('sigmoid', (1,))) for p in _DM_PROBS))},
-           'wheel_on_right': Head('sigmoid', (1,))},
-    open=True),    # the output also carries the model's features (how many: the graph says)
+           'wheel_on_right': Head('sigmoid', (1,)), 'features': Head('raw', (512,))},
+    width=553),    # face_descs_lhd 0:12, its probabilities 12:20, the same of rhd 20:40, wheel_on_right 40, features 41:553
   sides=('lhd', 'rhd'),
   face_descs={'face_orientation': slice(0, 3), 'face_position': slice(3, 5)},   # pitch, yaw, roll; x, y (the 6th, size, is not published)
   side_probs=_DM_PROBS)
@@ -155,7 +154,7 @@ def mismatches(want: Model, got: ModelIO) -> list[str]:
   for k, h in want.heads.items():
     if (s := got.output_slices.get(k)) is None: out.append(f"output slice {k!r}: missing (expected width {h.width})")
     elif s.stop - s.start != h.width: out.append(f"output slice {k!r}: expected width {h.width}, the model has {s.stop - s.start} ({s.start}:{s.stop})")
-  if not want.open: out += [f"output slice {k!r}: not in the contract" for k in sorted(got.output_slices.keys() - want.heads.keys() - {'pad'})]
+  out += [f"output slice {k!r}: not in the contract" for k in sorted(got.output_slices.keys() - want.heads.keys() - {'pad'})]
   return out
 
 def identify(family: str, models: dict[str, ModelIO]) -> Contract:

@@ -16,7 +16,6 @@ ROAD_Y_META, WIDE_Y_META = 6, 4         # the first hard-brake 5 m/s^2 and 3 m/s
 Y_BIAS, Y_SCALE = -8.0, 1 / 16
 HISTORY_OUT, PULSE_OUT = 998, 999       # policy taps
 TRAFFIC_WEIGHTS = (1000.0, 3000.0)      # LHD, RHD
-DM_FEATURES = 512                       # unnamed entries after the DM's named slices
 
 # Each model has the release's input names, shapes and dtypes, one (1, N) float output named `outputs`, and
 # `output_slices` in metadata_props (encode_slices). Tiny graphs: tinygrad compiles them in seconds. The taps, all on
@@ -27,9 +26,16 @@ DM_FEATURES = 512                       # unnamed entries after the DM's named s
 # - policy: outputs[998] = sum_j (j + 1) features_buffer[0, j, 0]; outputs[999] = sum_j (j + 1) sum_d (d + 1)
 #   desire_pulse[0, j, d] + 1000 traffic_convention[0, 0] + 3000 traffic_convention[0, 1] (the 2 entries the release
 #   leaves unused);
-# - dm: the entries after the named slices (the model's features, unnamed here) = mean of input_img / 255 and calib.
+# - dm: features[0] = mean of input_img / 255, features[1:4] = calib.
 # dense=True adds a path of random weights (conv + matmul, a few MB) to every output, for benchmarks that want a model
 # with some compute and weights; its outputs are then no longer known. The onnx package is test-only.
+
+# v0.11.1's dmonitoring_model_metadata.pkl output_slices, per driver side (lhd from 0, rhd from 20): face_descs 12,
+# then face, left eye, right eye, sunglasses, left blink, right blink, phone, sleep; then wheel_on_right and features
+RELEASE_DM_SLICES = {**{k: slice(o + a, o + b) for s, o in (('lhd', 0), ('rhd', 20)) for k, a, b in (
+  (f'face_descs_{s}', 0, 12), (f'face_prob_{s}', 12, 13), (f'left_eye_prob_{s}', 13, 14), (f'right_eye_prob_{s}', 14, 15),
+  (f'sunglasses_prob_{s}', 15, 16), (f'left_blink_prob_{s}', 16, 17), (f'right_blink_prob_{s}', 17, 18),
+  (f'using_phone_prob_{s}', 18, 19), (f'sleep_prob_{s}', 19, 20))}, 'wheel_on_right': slice(40, 41), 'features': slice(41, 553)}
 
 def encode_slices(slices: dict[str, slice]) -> str:
   """As openpilot stores output_slices: MIME base64 (line breaks included) of a pickled {name: slice}."""
@@ -56,24 +62,26 @@ def _policy_known(rng: np.random.Generator) -> dict[str, np.ndarray]:
   return {'plan': plan, 'desire_state': np.array([2, 0, 0, 1, 0, -1, -1, -2], np.float32)}
 
 def _dm_known(rng: np.random.Generator) -> dict[str, np.ndarray]:
-  return {k: rng.normal(0, 1, h.width).astype(np.float32) for k, h in DM_V0_11_1.dm.heads.items()}
+  d = {k: rng.normal(0, 1, h.width).astype(np.float32) for k, h in DM_V0_11_1.dm.heads.items()}
+  d['features'][:] = 0   # the taps alone
+  return d
 
-def release_layout(model: Model, known: dict[str, np.ndarray], widths: dict[str, int], extra: int,
-            order: tuple[str, ...] | None = None) -> tuple[dict[str, slice], np.ndarray]:
+def release_layout(model: Model, known: dict[str, np.ndarray], widths: dict[str, int],
+                   order: tuple[str, ...] | None = None) -> tuple[dict[str, slice], np.ndarray]:
   """Slices back to back in the contract's order, the release's (or in `order`; a head's width overridden by `widths`,
   then zeros), the constant vector."""
   parts = {k: known[k] if k not in widths else np.zeros(widths[k], np.float32) for k in order or model.heads}
   slices, start = {}, 0
   for k, a in parts.items(): slices[k], start = slice(start, start + a.size), start + a.size
-  spare = model.width - sum(h.width for h in model.heads.values()) if model.width else extra   # entries after the slices
-  if model.width and spare: slices['pad'] = slice(start, start + spare)   # as the release's policy names its last 2 entries
+  spare = model.built_width - model.heads_width   # entries after the slices
+  if spare: slices['pad'] = slice(start, start + spare)   # as the release's policy names its last 2 entries
   return slices, np.concatenate([*parts.values(), np.zeros(spare, np.float32)])
 
 _rng = np.random.default_rng(1211)
 KNOWN_SLICES = {'vision': _vision_known(_rng), 'policy': _policy_known(_rng), 'dm': _dm_known(_rng)}
 SLICES, KNOWN = {}, {}
 for _k, _m in (('vision', ROAD_V0_11_1.vision), ('policy', ROAD_V0_11_1.policy), ('dm', DM_V0_11_1.dm)):
-  SLICES[_k], KNOWN[_k] = release_layout(_m, KNOWN_SLICES[_k], {}, DM_FEATURES)
+  SLICES[_k], KNOWN[_k] = release_layout(_m, KNOWN_SLICES[_k], {})
 
 # ***** the graphs *****
 
@@ -126,7 +134,7 @@ def vision_onnx(path, widths: dict[str, int] | None = None, output_slices=..., d
   """driving_vision.onnx's I/O with the outputs above. widths: heads of another width (zeros), as another release's
   model would have; output_slices: other metadata (None: none); order: the heads laid out in this order instead."""
   m = ROAD_V0_11_1.vision
-  slices, bias = release_layout(m, KNOWN_SLICES['vision'], widths or {}, 0, order)
+  slices, bias = release_layout(m, KNOWN_SLICES['vision'], widths or {}, order)
   hid, meta = slices['hidden_state'].start, slices['meta'].start
   w = _taps(4, bias.size, {meta + ROAD_Y_META: {0: Y_SCALE}, meta + WIDE_Y_META: {1: Y_SCALE}, hid: {2: 1.}, hid + 1: {3: 1.}})
   nodes = [*_channel_mean('img', 6, 'road_y'), *_channel_mean('big_img', 6, 'wide_y'), *_channel_mean('img', 10, 'road_u'),
@@ -147,7 +155,7 @@ def vision_onnx(path, widths: dict[str, int] | None = None, output_slices=..., d
 def policy_onnx(path, widths: dict[str, int] | None = None, output_slices=..., dtype: str = 'float32', dense: bool = False, **kw) -> pathlib.Path:
   """driving_policy.onnx's I/O (inputs declared `dtype`) with the outputs above."""
   m = ROAD_V0_11_1.policy
-  slices, bias = release_layout(m, KNOWN_SLICES['policy'], widths or {}, 0)
+  slices, bias = release_layout(m, KNOWN_SLICES['policy'], widths or {})
   n, j = bias.size, np.arange(25)
   w = _taps(52, n, {n - 2: {i: float(i + 1) for i in j}, n - 1: {**{25 + i: float(i + 1) for i in j}, 50: TRAFFIC_WEIGHTS[0], 51: TRAFFIC_WEIGHTS[1]}})
   nodes = [*[helper.make_node('Cast', [k], [f'{k}_f'], to=TensorProto.FLOAT) for k in m.inputs],
@@ -163,10 +171,10 @@ def policy_onnx(path, widths: dict[str, int] | None = None, output_slices=..., d
                slices if output_slices is ... else output_slices, **kw)
 
 def dm_onnx(path, widths: dict[str, int] | None = None, output_slices=..., **kw) -> pathlib.Path:
-  """dmonitoring_model.onnx's I/O with the outputs above (the named slices, then DM_FEATURES unnamed entries)."""
+  """dmonitoring_model.onnx's I/O with the outputs above, laid out as the release's metadata says."""
   m = DM_V0_11_1.dm
-  slices, bias = release_layout(m, KNOWN_SLICES['dm'], widths or {}, DM_FEATURES)
-  f = bias.size - DM_FEATURES
+  slices, bias = release_layout(m, KNOWN_SLICES['dm'], widths or {})
+  f = slices['features'].start
   w = _taps(4, bias.size, {f: {0: 1 / 255}, f + 1: {1: 1.}, f + 2: {2: 1.}, f + 3: {3: 1.}})
   nodes = [helper.make_node('Cast', ['input_img'], ['img_f'], to=TensorProto.FLOAT),
            helper.make_node('ReduceMean', ['img_f'], ['img_m'], axes=[1], keepdims=1),

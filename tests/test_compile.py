@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from tinygrad import Tensor
 from tinygrad.helpers import Context
-from tests.onnx_models import vision_onnx, policy_onnx, dm_onnx, SLICES, KNOWN
+from tests.onnx_models import vision_onnx, policy_onnx, dm_onnx, SLICES, KNOWN, RELEASE_DM_SLICES
 from modelrt.contracts import ROAD_V0_11_1, DM_V0_11_1, ContractError, identify
 from modelrt.onnx_import import load_onnx, OnnxImportError, metadata_props
 from modelrt import compile as modeld_compile
@@ -50,10 +50,13 @@ def _road(tmp_path, vision=None, policy=None):
 
 def test_release_models_are_identified(tmp_path):
   assert identify('road', _road(tmp_path)) is ROAD_V0_11_1
-  assert identify('dm', {'dm': load_onnx(dm_onnx(tmp_path / 'd.onnx'), 'dm')}) is DM_V0_11_1
-  # the DM's output also holds its features: named or not, slices the DM contract does not name are allowed
-  extra = {**SLICES['dm'], 'features': slice(41, 553)}
-  assert identify('dm', {'dm': load_onnx(dm_onnx(tmp_path / 'd2.onnx', output_slices=extra), 'dm')}) is DM_V0_11_1
+  dm = load_onnx(dm_onnx(tmp_path / 'd.onnx'), 'dm')
+  assert dm.output_slices == RELEASE_DM_SLICES and dm.width == 553   # the test model is laid out as the release's metadata
+  assert identify('dm', {'dm': dm}) is DM_V0_11_1
+  extra = {**SLICES['dm'], 'features': slice(41, 549), 'other': slice(549, 553)}   # a slice the release does not name
+  with pytest.raises(ContractError, match=r"dm output slice 'features': expected width 512, the model has 508 \(41:549\)\n.*"
+                                          r"dm output slice 'other': not in the contract"):
+    identify('dm', {'dm': load_onnx(dm_onnx(tmp_path / 'd2.onnx', output_slices=extra), 'dm')})
 
 @pytest.mark.parametrize('vision, policy, lines', [
   ({'widths': {'lead': 102}}, {}, ["vision output vector: expected width 1576, the model has 1534",

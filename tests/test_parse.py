@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 from modelrt.contracts import ROAD_V0_11_1, DM_V0_11_1
+from tests.onnx_models import RELEASE_DM_SLICES
 from modelrt.parse import safe_exp, sigmoid, softmax, parse_mdn, parse_binary_crossentropy, parse_categorical_crossentropy
 from modeld.parse import parse_outputs
 from dmonitoringd.parse import parse_dm_outputs
@@ -93,6 +94,11 @@ def test_road_outputs_v0_11_1():
   assert out['hidden_state'].shape == (512,)
   for k in ('pose', 'road_transform'): assert out[k].shape == out[k + '_std'].shape == (6,)
   assert out['wide_from_device_euler'].shape == (3,)
+
+def test_dm_default_slices_are_the_releases():
+  """The v0.11.1 contract lays the driver model's heads out as the release's metadata does: sunglasses before the
+  blinks, the features named at 41:553 (a real file's own metadata is read by name either way)."""
+  assert DM_V0_11_1.dm.slices() == RELEASE_DM_SLICES and DM_V0_11_1.dm.built_width == 553
 
 def test_dm_outputs_both_sides():
   d = np.zeros(DM_V0_11_1.dm.built_width, np.float32)

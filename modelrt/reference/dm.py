@@ -1,5 +1,5 @@
 """Reference driver monitoring model in plain tinygrad, computed from the pixels, with the I/O of openpilot v0.11.1's
-dmonitoring_model.onnx (modelrt.contracts.DM_V0_11_1; the named heads, without the model's feature vector).
+dmonitoring_model.onnx (modelrt.contracts.DM_V0_11_1; its feature vector is zeros: nothing reads it).
 
 Each driver side looks at its half of the pooled Y plane for the face, eyes, phone and skin; docs/REFERENCE_MODELS.md
 says how each output is found and in which frame the orientation is given."""
@@ -90,6 +90,7 @@ def dm_fn(C: dict[str, Tensor]) -> Callable[..., Tensor]:
     sides = {'lhd': side(Y, u, v, left, calib), 'rhd': side(Y, u, v, 1 - left, calib)}
     heads = {f'{k}_{s}': sides[s][k] for s in sides for k in sides[s] if k != 'n'}
     heads['wheel_on_right'] = ((sides['rhd']['n'] - sides['lhd']['n']) / 300).clip(-6, 6)
+    heads['features'] = Tensor.zeros(CONTRACT.dm.heads['features'].width)
     return Tensor.cat(*[heads[k].reshape(-1).cast(dtypes.float32) for k in CONTRACT.dm.heads]).reshape(1, -1)
   return fn
 
