@@ -10,8 +10,9 @@ using Car = import "car.capnp";
 # used field (an openpilot message with more fields reads fine, the rest is skipped).
 # Units: metres, seconds, radians, m/s unless a name says otherwise; timestamps are CLOCK_MONOTONIC nanoseconds.
 # Names are those of the schema openpilot publishes on PyPI (openpilot-logging); fields newer than it (liveDelay,
-# driverStateV2's sleepProb @14, ...) carry openpilot v0.11.1's names. Later openpilot renamed a few (sleepProb is
-# eyesVisibleProb there, ThermalStatus has other enumerant names): same ordinals, so the same bytes on the wire.
+# driverStateV2's sleepProb @14, driverMonitoringState @151, ...) carry openpilot v0.11.1's names, and so does Event @71,
+# which v0.11.1 renamed driverMonitoringStateDEPRECATED when @151 took its name. Later openpilot renamed a few (sleepProb
+# is eyesVisibleProb there, ThermalStatus has other enumerant names): same ordinals, so the same bytes on the wire.
 
 struct Event {
   logMonoTime @0 :UInt64;   # when the message was made
@@ -51,7 +52,7 @@ struct Event {
     lateralPlanDEPRECATED @64 :AnyPointer; kalmanOdometryDEPRECATED @65 :AnyPointer; thumbnail @66 :AnyPointer;
     onroadEventsDEPRECATED @68 :AnyPointer; carParams @69 :AnyPointer;
     driverCameraState @70 :FrameData;
-    driverMonitoringState @71 :DriverMonitoringState;
+    driverMonitoringStateDEPRECATED @71 :DriverMonitoringStateDEPRECATED;   # v0.11.1's name: @151 took the old one
     liveLocationKalmanDEPRECATED @72 :AnyPointer; sentinel @73 :AnyPointer;
     wideRoadCameraState @74 :FrameData;
     modelV2 @75 :ModelDataV2;
@@ -91,6 +92,9 @@ struct Event {
     customReserved15 @141 :AnyPointer; customReserved16 @142 :AnyPointer; customReserved17 @143 :AnyPointer;
     customReserved18 @144 :AnyPointer; customReserved19 @145 :AnyPointer;
     liveDelay @146 :LiveDelayData;
+    rawAudioData @147 :AnyPointer; bookmarkButton @148 :AnyPointer; audioFeedback @149 :AnyPointer;
+    lateralManeuverPlan @150 :AnyPointer;
+    driverMonitoringState @151 :DriverMonitoringState;
   }
 }
 
@@ -239,8 +243,7 @@ struct LiveDelayData {
   lateralDelayEstimate @3 :Float32;
   points @4 :List(Float32);
   lateralDelayEstimateStd @5 :Float32;
-  calPerc @6 :Int8;
-  version @7 :Int32;
+  calPerc @6 :Int8;   # v0.11.1's last field (version @7 came later)
 
   enum Status {
     unestimated @0; estimated @1; invalid @2;
@@ -437,7 +440,7 @@ struct SelfdriveState {   # what dmonitoringd reads of it: openpilot engaged or 
   }
 }
 
-struct DriverMonitoringState @0xb83cda094a1da284 {   # explicit id, as openpilot
+struct DriverMonitoringStateDEPRECATED @0xb83cda094a1da284 {   # Event @71, what openpilot published before v0.11.1
   eventsDEPRECATED @0 :AnyPointer;
   faceDetected @1 :Bool;
   isDistracted @2 :Bool;
@@ -458,4 +461,67 @@ struct DriverMonitoringState @0xb83cda094a1da284 {   # explicit id, as openpilot
   distractedType @17 :UInt32;       # bit mask
   events @18 :AnyPointer;
   uncertainCount @19 :UInt32;
+}
+
+struct DriverMonitoringState {   # Event @151, openpilot v0.11.1's (dmonitoringd/policy.py fills it)
+  lockout @0 :Bool;                     # engaging refused: too many or too long terminal alerts this drive
+  alertCountLockoutPercent @1 :Int8;    # terminal alerts so far, percent of the lockout's count
+  alertTimeLockoutPercent @2 :Int8;     # time in terminal alerts so far, percent of the lockout's duration
+  alwaysOn @3 :Bool;                    # monitoring while not engaged too
+  alwaysOnLockout @4 :Bool;
+  alertLevel @5 :AlertLevel;
+  activePolicy @6 :MonitoringPolicy;
+  isRHD @7 :Bool;                       # the driver sits on the right
+  rhdCalibration @8 :CalibrationState;
+  visionPolicyState @9 :VisionPolicyState;
+  wheeltouchPolicyState @10 :WheeltouchPolicyState;
+
+  enum AlertLevel {
+    none @0;
+    one @1;
+    two @2;
+    three @3;   # terminal: disengage
+  }
+
+  enum MonitoringPolicy {
+    wheeltouch @0;   # no face the model is sure of: the driver shows attention by touching the wheel or the gas
+    vision @1;       # the driver's face and eyes
+  }
+
+  struct VisionPolicyState {
+    awarenessPercent @0 :Int8;   # 100 attentive .. 0 terminal
+    awarenessStep @1 :Float32;   # awareness lost per frame while distracted (0 while this policy is not active)
+    isDistracted @2 :Bool;
+    distractedTypes @3 :DistractedTypes;
+    faceDetected @4 :Bool;
+    pose @5 :Pose;
+    wheeltouchFallbackPercent @6 :Int8;      # how long the model has been unsure of the pose, percent of the fallback time
+    uncertainOffroadAlertPercent @7 :Int8;   # how long the model has been unsure while moving, percent of the offroad alert's
+
+    struct DistractedTypes {
+      pose @0 :Bool;
+      eye @1 :Bool;
+      phone @2 :Bool;
+    }
+
+    struct Pose {
+      pitch @0 :Float32;   # the face's, as seen from the road ahead (yaw flipped for a driver on the right)
+      yaw @1 :Float32;
+      pitchCalib @2 :CalibrationState;
+      yawCalib @3 :CalibrationState;
+      calibrated @4 :Bool;
+      uncertainty @5 :Float32;   # the larger of the model's pitch and yaw stds
+    }
+  }
+
+  struct WheeltouchPolicyState {
+    awarenessPercent @0 :Int8;
+    awarenessStep @1 :Float32;
+    driverInteracting @2 :Bool;   # steering or gas pressed
+  }
+
+  struct CalibrationState {
+    calibratedPercent @0 :Int8;   # samples so far, percent of those needed
+    offset @1 :Float32;           # their filtered mean
+  }
 }

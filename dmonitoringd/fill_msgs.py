@@ -24,9 +24,14 @@ def fill_driver_state(dm: dict, frame_id: int, execution_time: float, gpu_time: 
   return msg
 
 def fill_monitoring_state(state: dict, valid: bool) -> capnp.lib.capnp._DynamicStructBuilder:
-  """state: DriverMonitoring.update(...). openpilot's message carries no frame id: it follows its driverStateV2."""
+  """state: DriverMonitoring.state(), openpilot v0.11.1's driverMonitoringState (Event @151). It carries no frame id: it
+  follows its driverStateV2."""
   msg = new_message('driverMonitoringState')
   msg.valid = valid
-  dms = msg.driverMonitoringState
-  for k, v in state.items(): setattr(dms, k, v)
+  msg.driverMonitoringState = state
   return msg
+
+def awareness(dms) -> float:
+  """A driverMonitoringState's awareness, 1 attentive .. 0 terminal: its active policy's."""
+  p = dms.visionPolicyState if dms.activePolicy == 'vision' else dms.wheeltouchPolicyState
+  return p.awarenessPercent / 100

@@ -1,7 +1,7 @@
 """What dmonitoringd does with one driver frame, with no socket (dmonitoringd feeds it live frames, modeld-batch
 recorded ones): the warp to the model's 1440x960 Y input and rpyCalib as its calib input, both driver sides parsed into
 driverStateV2, then openpilot's monitoring policy (policy.py) into driverMonitoringState. A bad calibration, a torn
-frame or non-finite outputs publish valid=False; the policy learns only from finite, untorn frames."""
+frame or non-finite outputs publish valid=False; the policy steps only on finite, untorn frames."""
 from __future__ import annotations
 import time
 import numpy as np
@@ -12,8 +12,6 @@ from modeld_common.frame import FrameModel, FrameRun
 from dmonitoringd.fill_msgs import fill_driver_state, fill_monitoring_state
 from dmonitoringd.parse import parse_dm_outputs
 from dmonitoringd.policy import DriverMonitoring
-
-PHONE_THRESH = {'os04c10': 0.75}   # openpilot's for the device with this driver camera (mici); others: the policy's default
 
 class DriverModel(FrameModel):
   PUBLISHES, SUBSCRIBES = list(DMONITORINGD_OUTPUTS), list(DMONITORINGD_INPUTS)   # the services table's
@@ -30,7 +28,7 @@ class DriverModel(FrameModel):
 
   def reset(self) -> None:
     super().reset()
-    self.policy, self.state, self.geometry, self.transform = DriverMonitoring() if self.monitoring else None, None, None, None
+    self.policy, self.geometry, self.transform = DriverMonitoring() if self.monitoring else None, None, None
 
   def step(self, buf) -> list:
     """One driver frame (the newest messages already in sm): [(service, message)] to publish."""
@@ -49,12 +47,9 @@ class DriverModel(FrameModel):
     dm = parse_dm_outputs(outputs, self.contract)
     msgs = [('driverStateV2', fill_driver_state(dm, buf.frame_id, time.perf_counter() - run.t0, run.run_time, valid,
                                                 run.out.raw if self.raw_predictions else None))]
-    cs = self.sm['carState']
-    # the policy learns only from good frames; a bad one repeats the last state, marked invalid. Engaged: as openpilot,
+    # the policy steps only on good frames; a bad one publishes its state again, marked invalid. Engaged: as openpilot,
     # selfdriveState.enabled, false until one comes
-    if self.policy is not None and run.out.finite and not run.torn:
-      self.state = self.policy.update(dm, float(cs.vEgo) if np.isfinite(cs.vEgo) else 0., bool(cs.standstill), self.calib.rpy,
-                                      bool(self.sm['selfdriveState'].enabled), bool(cs.steeringPressed or cs.gasPressed),
-                                      PHONE_THRESH.get(self.geometry[0]))
-    if self.state is not None: msgs.append(('driverMonitoringState', fill_monitoring_state(self.state, valid)))
-    return msgs
+    if self.policy is None: return msgs
+    if run.out.finite and not run.torn:
+      self.policy.step(msgs[0][1].driverStateV2, self.sm['carState'], bool(self.sm['selfdriveState'].enabled), self.calib.rpy)
+    return msgs + [('driverMonitoringState', fill_monitoring_state(self.policy.state(), valid))]

@@ -9,6 +9,7 @@ from datetime import datetime
 from pathlib import Path
 import numpy as np
 from service.extras import needs_extra
+from dmonitoringd.fill_msgs import awareness
 
 HELP = """modeld-demo: the whole service on a synthetic scene, live in the terminal, compared with the scene's ground truth.
 
@@ -243,7 +244,8 @@ def view(mon: Monitor, children: list[Child], now: float, t0: float, seconds: fl
     out.append(f"  eyes open {d['eyes'][0]:.2f} {d['eyes'][1]:.2f}  blink {d['blink'][0]:.2f} {d['blink'][1]:.2f} (truth: eyes "
                f"{'closed' if t['eyes_closed'] else 'open'})   phone {d['phone']:.2f} (truth: {_yes(t['phone'])})")
     if (s := mon.dms) is not None:
-      out.append(f"  awareness {s.awarenessStatus:.2f}   distracted {_yes(s.isDistracted)}   face detected {_yes(s.faceDetected)}   RHD {_yes(s.isRHD)}")
+      out.append(f"  awareness {awareness(s):.2f} ({s.activePolicy})   alert {s.alertLevel}   distracted {_yes(s.visionPolicyState.isDistracted)}   "
+                 f"face detected {_yes(s.visionPolicyState.faceDetected)}   RHD {_yes(s.isRHD)}")
     out.append(f"  execution {d['exec_ms']:6.1f} ms (gpu {d['gpu_ms']:.1f} ms; mean {_f(mon.s['dm_ms'].mean(), '.1f')}, "
                f"max {_f(mon.s['dm_ms'].max(), '.1f')})")
   return out
@@ -256,7 +258,7 @@ def line(mon: Monitor, now: float) -> str:
   if r: parts.append(f"frame {r['frame']}: lane err {_f(r['lane_err'])} m, lead {_f(r['lead_x'], '.1f')} m p {_f(r['lead_prob'])}, "
                      f"exec {r['exec_ms']:.0f} ms, drop {r['drop']:.1f} %")
   if d: parts.append(f"face p {d['face_prob']:.2f} err {_f(d['face_err'] * 100, '.1f')} %, blink {d['blink'][0]:.2f}, phone {d['phone']:.2f}")
-  if mon.dms: parts.append(f"awareness {mon.dms.awarenessStatus:.2f}")
+  if mon.dms: parts.append(f"awareness {awareness(mon.dms):.2f}")
   return ' | '.join(parts)
 
 def summary(mon: Monitor, seconds: float) -> list[str]:

@@ -11,6 +11,7 @@ from service.extras import needs_extra
 with needs_extra('modeld-overlay', 'tools'):
   from PIL import Image, ImageDraw, ImageFont
 from cereal.services import CAMERAS
+from dmonitoringd.fill_msgs import awareness
 from transformations.camera import DEFAULT_SENSOR, camera_for, sensor_name, CAM_HEIGHT, CameraConfig, camera_config
 from modeld_tools.projection import GREEN, RED, YELLOW, calibration, driver_data, face, nv12_to_rgb, prob_colour, road
 from msgq.visionipc.layout import NV12Layout
@@ -88,8 +89,8 @@ def draw_driver(p: Painter, m: FrameMsgs, cam: CameraConfig) -> None:
   p.panel.append((f"eyes L {d.leftEyeProb:.2f} (blink {d.leftBlinkProb:.2f})  R {d.rightEyeProb:.2f} (blink {d.rightBlinkProb:.2f})", WHITE))
   p.panel.append((f"phone {d.phoneProb:.2f}  sunglasses {d.sunglassesProb:.2f}", RED if d.phoneProb > 0.5 else WHITE))
   if dms is not None:
-    a = float(np.clip(dms.awarenessStatus, 0, 1))
-    p.panel.append((f"awareness {a:.2f}{'  DISTRACTED' if dms.isDistracted else ''}", prob_colour(a)))
+    a = awareness(dms)
+    p.panel.append((f"awareness {a:.2f}{'  DISTRACTED' if dms.visionPolicyState.isDistracted else ''}", prob_colour(a)))
     w, h = p.img.size
     bar = (p.px(10), h - p.px(26), p.px(10) + (w // 3), h - p.px(10))
     p.draw.rectangle(bar, outline=(*WHITE, 200), width=p.px(2))

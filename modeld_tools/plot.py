@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 from service.extras import needs_extra
 from modelrt.constants import X_IDXS
+from dmonitoringd.fill_msgs import awareness
 
 PLOTS = """timing      execution time of both models, frameDropPerc, frames skipped between outputs
 lanes       lane line positions at a few distances ahead, and their probabilities
@@ -87,7 +88,7 @@ def read_route(path: str) -> RouteData:
     elif w == 'driverMonitoringState':
       s = ev.driverMonitoringState
       rhd = s.isRHD
-      r.dms['t'].append(t); r.dms['awareness'].append(s.awarenessStatus); r.dms['distracted'].append(1.0 if s.isDistracted else np.nan)
+      r.dms['t'].append(t); r.dms['awareness'].append(awareness(s)); r.dms['distracted'].append(1.0 if s.visionPolicyState.isDistracted else np.nan)
     elif w == 'driverStateV2':
       s = ev.driverStateV2
       dd = s.rightDriverData if (rhd if rhd is not None else s.wheelOnRightProb > 0.5) else s.leftDriverData

@@ -9,14 +9,17 @@ from tests import openpilot_ref as op
 # Fields openpilot added after the openpilot-logging release the tests load (name: (ordinal, type)). Their layout
 # follows from the fields before them, which are compared with openpilot's below.
 NEWER = {
-  "Event": {"liveDelay": (146, "struct")},
+  "Event": {"liveDelay": (146, "struct"), "rawAudioData": (147, "anyPointer"), "bookmarkButton": (148, "anyPointer"),
+            "audioFeedback": (149, "anyPointer"), "lateralManeuverPlan": (150, "anyPointer"), "driverMonitoringState": (151, "struct")},
   "Action": {"desiredAcceleration": (1, "float32"), "shouldStop": (2, "bool")},
   "DriverData": {"phoneProb": (13, "float32"), "sleepProb": (14, "float32")},
-  "DriverMonitoringState": {"uncertainCount": (19, "uint32")},
+  "DriverMonitoringStateDEPRECATED": {"uncertainCount": (19, "uint32")},
 }
+# Members v0.11.1 renamed (ours: the reference's name): the same ordinal and type, so the same wire
+RENAMED = {"Event": {"driverMonitoringStateDEPRECATED": "driverMonitoringState"}}
 LIVE_DELAY = (0x98dfdb22c44df8d4, {"lateralDelay": (0, "float32"), "validBlocks": (1, "int32"), "status": (2, "enum"),
                                    "lateralDelayEstimate": (3, "float32"), "points": (4, "list"), "lateralDelayEstimateStd": (5, "float32"),
-                                   "calPerc": (6, "int8"), "version": (7, "int32")})
+                                   "calPerc": (6, "int8")})   # v0.11.1's: version @7 came after it
 POINTER_KINDS = {"struct", "list", "text", "data", "anyPointer"}
 
 def short(schema) -> str: return schema.node.displayName.split(":")[-1].split(".")[-1]
@@ -47,6 +50,8 @@ def struct_pairs():
     pairs.append((ours, theirs))
     if ours.node.which() != "struct": continue
     for name, f in ours.fields.items():
+      if name in NEWER.get(short(ours), {}): continue   # (v0.11.1's driverMonitoringState is another struct than the reference's)
+      name = RENAMED.get(short(ours), {}).get(name, name)
       if name not in theirs.fields or f.proto.slot.type.which() == "anyPointer": continue
       kind, s = nested(f)
       if s is not None: todo.append((s, nested(theirs.fields[name])[1]))
@@ -63,7 +68,7 @@ def test_structure_is_openpilots(ours, theirs):
     return
   s, t = ours.node.struct, theirs.node.struct
   if s.discriminantCount: assert s.discriminantOffset == t.discriminantOffset
-  newer = NEWER.get(short(ours), {})
+  newer, renamed = NEWER.get(short(ours), {}), RENAMED.get(short(ours), {})
   theirs_by_ordinal = {f.ordinal.explicit: f for f in t.fields}
   for f in s.fields:
     o, where = f.ordinal.explicit, f"{short(ours)}.{f.name} @{f.ordinal.explicit}"
@@ -73,8 +78,9 @@ def test_structure_is_openpilots(ours, theirs):
       continue
     g = theirs_by_ordinal.get(o)
     assert g is not None, f"{where}: openpilot has no field with that ordinal"
-    assert (f.name, f.discriminantValue, f.slot.offset) == (g.name, g.discriminantValue, g.slot.offset), \
-      f"{where}: (name, discriminant, offset) {(f.name, f.discriminantValue, f.slot.offset)} vs openpilot's {(g.name, g.discriminantValue, g.slot.offset)}"
+    name = renamed.get(f.name, f.name)
+    assert (name, f.discriminantValue, f.slot.offset) == (g.name, g.discriminantValue, g.slot.offset), \
+      f"{where}: (name, discriminant, offset) {(name, f.discriminantValue, f.slot.offset)} vs openpilot's {(g.name, g.discriminantValue, g.slot.offset)}"
     if f.slot.type.which() == "anyPointer":   # a placeholder: keeps a pointer slot of a type the project never reads
       assert g.slot.type.which() in POINTER_KINDS, f"{where}: declared as a pointer, openpilot's is {g.slot.type.which()}"
     else:
@@ -83,13 +89,48 @@ def test_structure_is_openpilots(ours, theirs):
   assert len(s.fields) == len({f.ordinal.explicit for f in s.fields}) and sorted(f.ordinal.explicit for f in s.fields) == list(range(len(s.fields)))
 
 def test_newer_fields():
-  """The fields newer than the reference are exactly those NEWER lists, and liveDelay's struct is openpilot's."""
+  """The fields newer than the reference (ordinals it lacks) are exactly those NEWER lists, and liveDelay's struct is
+  openpilot's."""
   live_delay = log.Event.schema.fields["liveDelay"].schema
   assert live_delay.node.id == LIVE_DELAY[0]
   assert {n: (f.proto.ordinal.explicit, f.proto.slot.type.which()) for n, f in live_delay.fields.items()} == LIVE_DELAY[1]
   for ours, theirs in PAIRS:
     if ours.node.which() == "struct":
-      assert set(ours.fields) - set(theirs.fields) == set(NEWER.get(short(ours), {})), short(ours)
+      known = {f.proto.ordinal.explicit for f in theirs.fields.values()}   # (each one's name: test_structure_is_openpilots)
+      assert {n for n, f in ours.fields.items() if f.proto.ordinal.explicit not in known} == set(NEWER.get(short(ours), {})), short(ours)
+
+def test_driver_monitoring_state_is_v0_11_1s():
+  """Event @151 is v0.11.1's driverMonitoringState: every struct and enum it reaches has openpilot's id, fields,
+  ordinals and types (a struct or enum by its name); @151 is the union's discriminant 149, as in openpilot."""
+  event = log.Event.schema.fields["driverMonitoringState"]
+  assert (event.proto.ordinal.explicit, event.proto.discriminantValue) == (151, 149)
+  todo, seen = [event.schema], set()
+  while todo:
+    s = todo.pop()
+    if short(s) in seen: continue
+    seen.add(short(s))
+    want_id, want = op.V2[short(s)]
+    assert s.node.id == want_id, f"{short(s)}: type id {s.node.id:#x}, openpilot's {want_id:#x}"
+    if s.node.which() == "enum":
+      assert [e.name for e in s.node.enum.enumerants] == want, short(s)
+      continue
+    got = {}
+    for name, f in s.fields.items():
+      kind, sub = nested(f)
+      got[name] = (f.proto.ordinal.explicit, short(sub) if sub is not None else kind)
+      if sub is not None: todo.append(sub)
+    assert got == want, short(s)
+  assert seen == set(op.V2)
+
+def test_deprecated_driver_monitoring_state_reads_openpilots_old_message():
+  """openpilot's driverMonitoringState of before v0.11.1 (Event @71) reads here as driverMonitoringStateDEPRECATED,
+  every field the same, as v0.11.1 reads it; the message this project publishes is @151, which that reader does not know."""
+  theirs = op.log.Event.new_message(logMonoTime=5, valid=True)
+  fill(theirs.init("driverMonitoringState"), op.log.Event.schema.fields["driverMonitoringState"].schema)
+  with log.Event.from_bytes(theirs.to_bytes()) as ours:
+    assert ours.which() == "driverMonitoringStateDEPRECATED"
+    schema = log.Event.schema.fields["driverMonitoringStateDEPRECATED"].schema
+    assert compare(ours.driverMonitoringStateDEPRECATED, theirs.as_reader().driverMonitoringState, schema, "@71") > 10
 
 # ---- by value: fill every field one schema declares, read it under the other, compare what both declare ----
 
@@ -154,7 +195,7 @@ def test_message_reads_the_same_in_openpilot(service):
     sub = getattr(theirs, service)
     assert compare(getattr(ours.as_reader(), service), sub, log.Event.schema.fields[service].schema, service) > 0
 
-@pytest.mark.parametrize("service", [s for s in SERVICE_NAMES if s != "liveDelay"])   # liveDelay: newer than the reference
+@pytest.mark.parametrize("service", [s for s in SERVICE_NAMES if s not in NEWER["Event"]])   # those the reference has
 def test_openpilot_message_reads_the_same_here(service):
   theirs = op.log.Event.new_message(logMonoTime=987654321, valid=True)
   fill(theirs.init(service), op.log.Event.schema.fields[service].schema)

@@ -66,8 +66,9 @@ while True:
         dd.leftBlinkProb = dd.rightBlinkProb = 0.95 if d['eyes_closed'] else 0.05
         dd.phoneProb = 0.9 if d['phone'] else 0.1
       s = messaging.new_message('driverMonitoringState')
-      s.driverMonitoringState.awarenessStatus = 1.0 - fid / 20
-      s.driverMonitoringState.isDistracted = d['eyes_closed']
+      s.driverMonitoringState.activePolicy = 'vision'
+      s.driverMonitoringState.visionPolicyState.awarenessPercent = 100 - fid * 5
+      s.driverMonitoringState.visionPolicyState.isDistracted = d['eyes_closed']
       pm.send('driverStateV2', m)
       pm.send('driverMonitoringState', s)
 """
