@@ -1,19 +1,24 @@
 """Install the modeld stack's systemd units: fill the templates of this folder and copy them to the unit directory.
 
 Run by `make install-services` (see systemd/README.md). The environment file is created once and never overwritten (it
-holds the user's settings); nothing is installed where the services could not start (problems()).
-"""
-import argparse, os, re, stat, subprocess, sys
+holds the user's settings), and each unit's sandbox opens what its settings need (needs()); nothing is installed where
+the services could not start (problems()). `--check` is the units' start check: settings that need more than the sandbox."""
+import argparse, ipaddress, os, re, shlex, shutil, stat, subprocess, sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 UNITS = ('camerad.service', 'modeld.service', 'dmonitoringd.service', 'modeld.target')
+SERVICES = UNITS[:3]
 SCRIPTS = ('camerad', 'modeld', 'dmonitoringd')
 # a venv (or the Python it runs) under a home directory must stay readable to the services: ProtectHome=read-only
 HOME_ROOTS = ('/home', '/root', '/run/user')
 TMP_ROOTS = ('/tmp', '/var/tmp')   # what PrivateTmp= replaces with the service's own empty folders
 MOVE_CHECKOUT = "keep the checkout elsewhere (and run make setup there)"
 SYSTEM_PYTHON = "recreate the venv with a system Python (in the checkout: rm -rf .venv && PATH=/usr/bin:$PATH make setup)"
+DEFAULT_USER = 'modeld'   # the services' own system account, created at install when missing (sysusers.d)
+SYSUSERS = f'u {DEFAULT_USER} - "modeld stack (camerad, modeld, dmonitoringd)"\n'
+IP = ('none', 'localhost', 'any')   # what a unit may reach over IP, least first
+EX_CONFIG = 78
 
 def render(template: str, fields: dict[str, str | None]) -> str:
   """Replace each @KEY@; a line whose field is None is left out (e.g. User= when the services run as root)."""
@@ -36,10 +41,51 @@ def forms(path: Path) -> list[Path]:
   return list(dict.fromkeys([path, path.resolve()]))
 
 def fields(bindir: Path, envfile: str, user: str | None, python: tuple[Path, ...] = ()) -> dict[str, str | None]:
-  """The templates' fields. python: the paths the scripts' Python runs from (python_paths); like the venv, one under a
-  home directory needs the homes read-only rather than hidden."""
+  """The templates' fields but the sandbox's (sandbox()). python: the paths the scripts' Python runs from
+  (python_paths); like the venv, one under a home directory needs the homes read-only rather than hidden."""
   protect_home = 'read-only' if any(under(f, HOME_ROOTS) for p in [bindir, *python] for f in forms(p)) else 'yes'
   return {'BINDIR': str(bindir), 'ENVFILE': envfile, 'USER': user, 'PROTECT_HOME': protect_home}
+
+def read_env(text: str) -> dict[str, str]:
+  """An environment file as systemd reads it: KEY=VALUE lines, # and ; comments, quotes around a value removed."""
+  env = {}
+  for line in map(str.strip, text.splitlines()):
+    if line and line[0] not in '#;' and '=' in line:
+      k, v = line.split('=', 1)
+      env[k.strip()] = v.strip().strip('"\'')
+  return env
+
+def needs(env: dict[str, str], daemon: str) -> tuple[bool, str]:
+  """What a daemon needs of its sandbox with these settings: the real /tmp (the shm transport: VisionIPC's socket is
+  where openpilot's processes look for it), and which IP (of IP): MSGQ_TCP on loopback (1, or a loopback address)
+  'localhost', at another address 'any'; camerad's bridge:HOST source 'any'."""
+  tcp, ip = env.get('MSGQ_TCP', ''), 'none'
+  if tcp not in ('', '0'):
+    try: ip = 'localhost' if tcp in ('1', 'localhost') or ipaddress.ip_address(tcp).is_loopback else 'any'
+    except ValueError: ip = 'any'   # a host name: msgq binds what it resolves to
+  if daemon == 'camerad' and any(w.startswith('bridge:') for w in shlex.split(f"{env.get('CAMERA_SOURCE', '')} {env.get('CAMERAD_ARGS', '')}")):
+    ip = 'any'
+  return env.get('MSGQ_TRANSPORT', 'zmq') == 'shm', ip
+
+def sandbox(python: Path, env: dict[str, str], daemon: str) -> dict[str, str | None]:
+  """The fields of a unit's sandbox that its settings decide (needs()): a private /tmp unless the real one is needed,
+  AF_UNIX alone and no IP address unless IP is, and the start check that holds the settings to them."""
+  tmp, ip = needs(env, daemon)
+  return {'PRIVATE_TMP': 'no' if tmp else 'yes', 'REAL_TMP': '/tmp' if tmp else None,
+          'FAMILIES': 'AF_UNIX' + ('' if ip == 'none' else ' AF_INET AF_INET6'), 'IP_ALLOW': None if ip == 'none' else ip,
+          'CHECK': f"{python} {HERE / 'install.py'} --check {daemon} {'real-tmp' if tmp else 'private-tmp'} {ip}"}
+
+def check(env: dict[str, str], daemon: str, tmp: str, ip: str) -> list[str]:
+  """What of these settings needs more than the sandbox the unit was installed with (a private or the real /tmp, the
+  IP it allows), each naming the setting."""
+  need_tmp, need_ip = needs(env, daemon)
+  out = []
+  if need_tmp and tmp != 'real-tmp':
+    out.append("MSGQ_TRANSPORT=shm needs the real /tmp (VisionIPC's socket, where openpilot's processes look for it); the unit has a private one")
+  if IP.index(need_ip) > IP.index(ip):
+    why = f"MSGQ_TCP={env.get('MSGQ_TCP')}" if needs({**env, 'CAMERA_SOURCE': '', 'CAMERAD_ARGS': ''}, daemon)[1] == need_ip else "a bridge:HOST source"
+    out.append(f"{why} needs {'IP on loopback' if need_ip == 'localhost' else 'IP'}; the unit allows {'none' if ip == 'none' else 'loopback only'}")
+  return out
 
 def shebang(script: Path) -> Path:
   """The Python a console script runs: its #! line, or under #!/bin/sh the exec line pip writes instead when the path
@@ -95,13 +141,15 @@ def hidden(path: Path, unit: str) -> str | None:
 
 def unreachable(path: Path, user: str | None) -> Path | None:
   """The first folder on the way to `path` that the services cannot enter: they run as `user` (or as root without
-  capabilities, CapabilityBoundingSet= is empty, so root gets no override of permissions either)."""
+  capabilities, CapabilityBoundingSet= is empty, so root gets no override of permissions either); a user the install
+  is to create owns nothing and is in no group yet."""
   import grp, pwd
-  pw = pwd.getpwnam(user) if user else pwd.getpwuid(0)
-  groups = {pw.pw_gid} | {g.gr_gid for g in grp.getgrall() if pw.pw_name in g.gr_mem}
+  try: pw = pwd.getpwnam(user) if user else pwd.getpwuid(0)
+  except KeyError: uid, groups = None, set()
+  else: uid, groups = pw.pw_uid, {pw.pw_gid} | {g.gr_gid for g in grp.getgrall() if pw.pw_name in g.gr_mem}
   for d in [*reversed(path.parents), path]:
     st = d.stat()
-    bit = 0o100 if st.st_uid == pw.pw_uid else 0o010 if st.st_gid in groups else 0o001
+    bit = 0o100 if st.st_uid == uid else 0o010 if st.st_gid in groups else 0o001
     if not st.st_mode & bit: return d
   return None
 
@@ -110,7 +158,7 @@ def problems(bindir: Path, python: list[tuple[Path, str]], units: dict[str, str]
   a path of their Python (python_paths) that the units' sandboxing hides, or (check_access) that the service user
   cannot reach."""
   found: dict[str, list[str]] = {}   # what and what to do -> the paths it concerns
-  for path, what in [*((bindir / s, 'a console script') for s in SCRIPTS), *python]:
+  for path, what in [*((bindir / s, 'a console script') for s in SCRIPTS), (HERE, "the units' start check (install.py)"), *python]:
     checkout = under(path, (str(bindir.parent),)) is not None   # the venv itself: moving the checkout moves it
     why: dict[str, list[str]] = {}
     for name, text in units.items():
@@ -125,43 +173,76 @@ def problems(bindir: Path, python: list[tuple[Path, str]], units: dict[str, str]
                        []).append(f"{path} ({what})")
   return [f"{', '.join(paths)}: {why}" for why, paths in found.items()]
 
+def described(unit: str) -> str:
+  """A unit's sandbox in words, from its text."""
+  tmp = 'the real /tmp' if setting(unit, 'PrivateTmp') == 'no' else 'a private /tmp'
+  ip = {'': 'no IP', 'localhost': 'IP on loopback', 'any': 'IP'}[setting(unit, 'IPAddressAllow')]
+  return f"{tmp}, {ip}, as {setting(unit, 'User') or 'root'}"
+
 def main(argv: list[str] | None = None) -> int:
   p = argparse.ArgumentParser(prog='install.py', description='Install the systemd units of camerad, modeld and dmonitoringd.')
   p.add_argument('--bindir', type=Path, default=Path(sys.executable).parent, help='folder of the console scripts (default: this Python\'s)')
   p.add_argument('--unitdir', default='/etc/systemd/system', help='where the units go (default: %(default)s)')
   p.add_argument('--envfile', default='/etc/default/modeld', help='environment file the units read (default: %(default)s)')
-  p.add_argument('--destdir', default='', help='stage under this root instead of / (no daemon-reload)')
-  p.add_argument('--user', default='', help='run the services as this existing user (and its primary group) (default: root)')
+  p.add_argument('--destdir', default='', help='stage under this root instead of / (no daemon-reload, no user created)')
+  p.add_argument('--user', default='', help=f"run the services as this user and its primary group: an existing account (openpilot's, to run "
+                 f"beside it), or root (default: {DEFAULT_USER}, a system account of their own, created when missing)")
+  p.add_argument('--check', nargs=3, metavar=('DAEMON', 'TMP', 'IP'), help="the units' start check (ExecStartPre=): exit 78 naming each "
+                 "setting of this environment that needs more than the unit's sandbox (TMP private-tmp or real-tmp, IP none, localhost or any)")
   args = p.parse_args(argv)
+  if args.check:
+    daemon, tmp, ip = args.check
+    if found := check(dict(os.environ), daemon, tmp, ip):
+      print(f"{daemon}.service was installed for other settings: {'; '.join(found)}. Install the units again, which opens what the "
+            "environment file's settings need (make install-services in the checkout), then: systemctl restart modeld.target", file=sys.stderr)
+      return EX_CONFIG
+    return 0
 
-  bindir = args.bindir.absolute()
+  bindir, user = args.bindir.absolute(), args.user or DEFAULT_USER
+  service_user = None if user == 'root' else user
   missing = [b for b in SCRIPTS if not os.access(bindir / b, os.X_OK)]
   if missing: p.error(f"{', '.join(missing)} not found in {bindir}: run `make setup` first (or give --bindir)")
   for name, path in (('--unitdir', args.unitdir), ('--envfile', args.envfile)):
     if not os.path.isabs(path): p.error(f"{name}: expected an absolute path, got {path!r}")
-  if args.user and not args.destdir:   # a staged install is for another root, whose users need not be this machine's
+  create = False   # the default user, missing on this machine: made before the units are written
+  if service_user and not args.destdir:   # a staged install is for another root, whose users need not be this machine's
     import pwd
-    try: pwd.getpwnam(args.user)
-    except KeyError: p.error(f"--user: no user {args.user!r} on this machine (create it first, e.g. useradd --system {args.user})")
+    try: pwd.getpwnam(user)
+    except KeyError:
+      if user != DEFAULT_USER: p.error(f"--user: no user {user!r} on this machine (create it first, e.g. useradd --system {user})")
+      create = True
   try: python = python_paths(bindir)
   except (OSError, ValueError) as e:
     print(f"install.py: nothing installed: {e}", file=sys.stderr)
     return 1
-  f = fields(bindir, args.envfile, args.user or None, tuple(path for path, _ in python))
-  units = {u: render((HERE / u if (HERE / u).exists() else HERE / f"{u}.in").read_text(), f) for u in UNITS}
+  root = Path(args.destdir or '/')
+  unitdir, envfile, sysusers = root / args.unitdir.lstrip('/'), root / args.envfile.lstrip('/'), root / 'etc/sysusers.d' / f"{DEFAULT_USER}.conf"
+  env = read_env((envfile if envfile.exists() else HERE / 'modeld.env').read_text())   # the settings the units will run with
+  f, exe = fields(bindir, args.envfile, service_user, tuple(path for path, _ in python)), shebang(bindir / 'modeld')
+  units = {u: render((HERE / u if (HERE / u).exists() else HERE / f"{u}.in").read_text(), {**f, **sandbox(exe, env, u.split('.')[0])})
+           for u in UNITS}
   # a staged install (a package built under /tmp, say) is only warned: its root's paths and users may differ from
   # this machine's; an install here is refused, before anything is written
-  if found := problems(bindir, python, units, args.user or None, check_access=not args.destdir):
+  if found := problems(bindir, python, units, service_user, check_access=not args.destdir):
     head = "warning: staged, but from here" if args.destdir else "nothing installed,"
     print(f"install.py: {head} the services could not start:\n" + "\n".join(f"  - {x}" for x in found), file=sys.stderr)
     if not args.destdir: return 1
-  root = Path(args.destdir or '/')
-  unitdir, envfile = root / args.unitdir.lstrip('/'), root / args.envfile.lstrip('/')
+  if create and not shutil.which('systemd-sysusers'):
+    print(f"install.py: nothing installed: no systemd-sysusers to create the services' user {user}: create it (useradd --system {user}), "
+          "or give --user", file=sys.stderr)
+    return 1
+  if user == DEFAULT_USER:   # declared for systemd-sysusers, which makes it (here now, or at boot from a staged package)
+    sysusers.parent.mkdir(parents=True, exist_ok=True)
+    sysusers.write_text(SYSUSERS)
+    print(f"installed {sysusers}")
+    if create:
+      subprocess.run(['systemd-sysusers', str(sysusers)], check=True)
+      print(f"created the system user {user}")
   unitdir.mkdir(parents=True, exist_ok=True)
   for unit, text in units.items():
     (unitdir / unit).write_text(text)
     (unitdir / unit).chmod(0o644)
-    print(f"installed {unitdir / unit}")
+    print(f"installed {unitdir / unit}" + (f" ({described(text)})" if unit in SERVICES else ''))
   if envfile.exists(): print(f"kept {envfile} (your settings; the defaults are in {HERE / 'modeld.env'})")
   else:
     envfile.parent.mkdir(parents=True, exist_ok=True)
@@ -172,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     subprocess.run(['systemctl', 'daemon-reload'], check=True)
     print("reloaded systemd")
   if not args.destdir:
-    print(f"next: build the artifacts into ARTIFACTS (see {args.envfile}), then: systemctl enable --now modeld.target")
+    print(f"next: build the artifacts into ARTIFACTS (see {args.envfile}), then: systemctl enable --now modeld.target. The sandboxes follow "
+          f"{args.envfile}: after changing MSGQ_TRANSPORT, MSGQ_TCP or a bridge: source there, install again")
   return 0
 
 if __name__ == '__main__':

@@ -1,5 +1,6 @@
 """systemd units: the installer fills the templates, every unit passes `systemd-analyze verify`, the environment
-file's options reach the daemons' command lines, and the daemons accept them."""
+file's options reach the daemons' command lines, and the daemons accept them; the units run as an account of their
+own, bounded, in a sandbox that opens only what the environment file's settings need, exposure 2.0 at most."""
 import importlib.util, json, os, re, shlex, shutil, signal, subprocess, sys, tempfile
 from pathlib import Path
 import pytest
@@ -27,13 +28,13 @@ def install_here(d: Path, *args: str, bindir: Path, installer: Path = REPO / 'sy
   return subprocess.run([sys.executable, str(installer), '--bindir', str(bindir), '--unitdir', str(d / 'units'),
                          '--envfile', str(d / 'modeld.env'), *args], capture_output=True, text=True, timeout=60)
 
-@pytest.fixture
-def private_tmp(tmp_path) -> Path:
-  """The installer of a copy of the units with PrivateTmp=yes (a user's tighter sandbox, for a stack on the zmq
-  transport: the shipped units keep the real /tmp, where VisionIPC's socket is on the shm transport)."""
-  shutil.copytree(REPO / 'systemd', copy := tmp_path / 'systemd-private-tmp')
-  for t in copy.glob('*.service.in'): t.write_text(t.read_text().replace('PrivateTmp=no\nReadWritePaths=/tmp\n', 'PrivateTmp=yes\n'))
-  return copy / 'install.py'
+def staged_with(root: Path, settings: str, *args: str) -> Path:
+  """An install staged under root whose environment file (there before it, so kept) holds these settings."""
+  (env := root / 'etc/default/modeld').parent.mkdir(parents=True)
+  env.write_text(settings)
+  r = run_install(root, *args)
+  assert r.returncode == 0, r.stderr
+  return root
 
 # a checkout where the units' sandboxing hides it (PrivateTmp=yes: under /tmp) cannot have a reachable venv beside it
 CHECKOUT_HIDDEN = install.under(REPO, install.TMP_ROOTS) is not None
@@ -80,14 +81,87 @@ def test_verify_catches_a_broken_unit(staged, tmp_path):
     v = subprocess.run(['systemd-analyze', 'verify', '--man=no', str(tmp_path / 'modeld.service')], capture_output=True, text=True, timeout=60)
     assert v.returncode != 0 or v.stderr, bad
 
-@pytest.mark.skipif(shutil.which('systemd-analyze') is None, reason='systemd-analyze is not installed')
-def test_security_exposure(staged):
+def exposure(unit: Path) -> float:
+  """`systemd-analyze security`'s exposure level of a unit file, rated offline (no running systemd needed: systemd 252
+  and later); skips, saying why, where this machine cannot rate one."""
+  if shutil.which('systemd-analyze') is None: pytest.skip('systemd-analyze is not installed')
+  r = subprocess.run(['systemd-analyze', 'security', '--offline=yes', '--no-pager', str(unit)], capture_output=True, text=True, timeout=60,
+                     env={**os.environ, 'SYSTEMD_UNIT_PATH': f"{unit.parent}:"})
+  if m := re.search(r'Overall exposure level for \S+: ([\d.]+)', r.stdout): return float(m.group(1))
+  if 'offline' in r.stderr: pytest.skip(f"this systemd-analyze rates no unit file offline (systemd 252 and later do): {r.stderr.strip()[:200]}")
+  raise AssertionError(r.stdout[-2000:] + r.stderr)
+
+# the settings that open the sandbox: the default (zmq, no TCP), shm (the real /tmp), MSGQ_TCP on loopback and on an
+# address, and all of it with camerad on a comma device's bridge
+SETTINGS = {'default': '', 'shm': 'MSGQ_TRANSPORT=shm\n', 'tcp-loopback': 'MSGQ_TCP=1\n', 'tcp': 'MSGQ_TCP=0.0.0.0\n',
+            'everything': 'MSGQ_TRANSPORT=shm\nMSGQ_TCP=0.0.0.0\nCAMERA_SOURCE=bridge:192.168.43.1\n'}
+
+@pytest.mark.parametrize('settings', SETTINGS)
+def test_security_exposure(settings, tmp_path):
+  """Each service's exposure is 2.0 at most (2.9 before: root, the real /tmp and IP always), whatever the settings
+  open; with both the real /tmp and IP open, 0.1 more where the homes stay readable (ProtectHome=read-only: this
+  venv's Python is under a home directory)."""
+  root = staged_with(tmp_path, SETTINGS[settings])
+  levels = {unit: exposure(root / 'etc/systemd/system' / unit) for unit in SERVICES}
+  print(settings, levels)
+  assert max(levels.values()) <= (2.1 if settings == 'everything' and PROTECT_HOME == 'read-only' else 2.0), levels
+
+def test_own_user_limits_and_exit_codes(staged, tmp_path):
+  """The services run as modeld, a system account the install declares for systemd-sysusers (and creates when
+  missing: here, into a root of the test's); each has a memory and a task limit; 2 and 78 stop a unit for good."""
   for unit in SERVICES:
-    r = subprocess.run(['systemd-analyze', 'security', '--offline=true', '--no-pager', str(staged / 'etc/systemd/system' / unit)],
-                       capture_output=True, text=True, timeout=60)
-    m = re.search(r'Overall exposure level for \S+: ([\d.]+)', r.stdout)
-    assert m, r.stdout[-2000:] + r.stderr
-    assert float(m.group(1)) < 3.0, m.group(0)
+    d = directives(unit_text(staged, unit))
+    assert d['User'] == ['modeld'] and d['RestartPreventExitStatus'] == ['2 78'], d
+    assert re.fullmatch(r'\d+G', d['MemoryMax'][0]) and 0 < int(d['TasksMax'][0]) <= 1024, d
+    assert d['UMask'] == ['0077'] and d['RuntimeDirectoryMode'] == ['0700'] and 'StateDirectory' not in d, d   # the artifacts: root's, read-only
+  sysusers = staged / 'etc/sysusers.d/modeld.conf'
+  assert sysusers.read_text().split()[:2] == ['u', 'modeld']
+  if shutil.which('systemd-sysusers'):
+    (tmp_path / 'sys/etc').mkdir(parents=True)
+    r = subprocess.run(['systemd-sysusers', f"--root={tmp_path / 'sys'}", str(sysusers)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    entry = next(l for l in (tmp_path / 'sys/etc/passwd').read_text().splitlines() if l.startswith('modeld:')).split(':')
+    assert int(entry[2]) < 1000 and entry[6].endswith('nologin'), entry   # a system account, no login
+  for user, expect in (('root', None), ('nobody', ['nobody'])):
+    root = tmp_path / user
+    assert run_install(root, '--user', user).returncode == 0
+    assert directives(unit_text(root, 'modeld.service')).get('User') == expect and not (root / 'etc/sysusers.d').exists()
+
+def test_sandbox_follows_the_settings(tmp_path):
+  """Each unit gets a private /tmp, AF_UNIX alone and no IP address unless its settings need more: the shm transport
+  the real /tmp, MSGQ_TCP=1 IP on loopback, MSGQ_TCP=ADDRESS any IP, and a bridge: source any IP for camerad alone."""
+  want = {'default': ('yes', 'AF_UNIX', None), 'shm': ('no', 'AF_UNIX', None), 'tcp-loopback': ('yes', 'AF_UNIX AF_INET AF_INET6', 'localhost'),
+          'tcp': ('yes', 'AF_UNIX AF_INET AF_INET6', 'any')}
+  for settings, (private, families, allow) in want.items():
+    root = staged_with(tmp_path / settings, SETTINGS[settings])
+    for unit in SERVICES:
+      d = directives(unit_text(root, unit))
+      got = (d['PrivateTmp'][0], d['RestrictAddressFamilies'][0], d.get('IPAddressAllow', [None])[0])
+      assert got == (private, families, allow) and d['IPAddressDeny'] == ['any'], (settings, unit, got)
+      assert d.get('ReadWritePaths') == (['/tmp'] if private == 'no' else None), (settings, unit)
+  root = staged_with(tmp_path / 'bridge', 'CAMERA_SOURCE=bridge:192.168.43.1\n')
+  assert {u: directives(unit_text(root, u)).get('IPAddressAllow') for u in SERVICES} == \
+         {'camerad.service': ['any'], 'modeld.service': None, 'dmonitoringd.service': None}
+
+def start_check(unit: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+  """A unit's ExecStartPre= (its text given) as systemd runs it: the environment file's settings in its environment."""
+  return subprocess.run(shlex.split(directives(unit)['ExecStartPre'][0]), env={'PATH': '/usr/bin:/bin', **env}, capture_output=True, text=True,
+                        timeout=60)
+
+def test_start_check_refuses_settings_the_sandbox_lacks(staged):
+  """Settings changed since the install that need more than the unit's sandbox (its /tmp private, its IP closed) stop
+  the unit before its daemon starts, exit 78 (the machine's configuration), naming each and saying to install again;
+  settings it allows pass, and so do the environment file's as installed."""
+  env = install.read_env((staged / 'etc/default/modeld').read_text())
+  camerad, modeld = unit_text(staged, 'camerad.service'), unit_text(staged, 'modeld.service')
+  for text in (camerad, modeld):
+    assert start_check(text, env).returncode == 0
+  r = start_check(modeld, {**env, 'MSGQ_TRANSPORT': 'shm', 'MSGQ_TCP': '1'})
+  assert r.returncode == 78 and 'MSGQ_TRANSPORT=shm needs the real /tmp' in r.stderr and 'MSGQ_TCP=1 needs IP on loopback' in r.stderr, r.stderr
+  assert 'make install-services' in r.stderr, r.stderr
+  r = start_check(camerad, {**env, 'CAMERA_SOURCE': 'bridge:192.168.43.1'})
+  assert r.returncode == 78 and 'a bridge:HOST source needs IP; the unit allows none' in r.stderr, r.stderr
+  assert start_check(modeld, {**env, 'CAMERA_SOURCE': 'bridge:192.168.43.1'}).returncode == 0   # modeld never reaches the device
 
 def test_template_fields(staged, tmp_path):
   for unit in SERVICES:
@@ -97,7 +171,7 @@ def test_template_fields(staged, tmp_path):
     exe = shlex.split(d['ExecStart'][0])[0]
     assert exe == str(BINDIR / daemon) and os.access(exe, os.X_OK)
     assert d['EnvironmentFile'] == ['/etc/default/modeld']   # the path on the target, without DESTDIR
-    assert d['ProtectHome'] == [PROTECT_HOME] and 'User' not in d
+    assert d['ProtectHome'] == [PROTECT_HOME] and d['User'] == ['modeld']
     assert d['Type'] == ['notify'] and d['MemoryDenyWriteExecute'] == ['no']
   r = run_install(tmp_path, '--user', 'nobody', '--envfile', '/etc/modeld.conf', '--unitdir', '/usr/lib/systemd/system')
   assert r.returncode == 0, r.stderr
@@ -172,32 +246,34 @@ def beside_checkout():
 
 @pytest.mark.skipif(CHECKOUT_HIDDEN, reason='this checkout is under /tmp: no venv beside it is reachable by the services')
 @pytest.mark.parametrize('copies', [False, True], ids=['links', 'copies'])
-def test_a_python_the_sandbox_hides_is_refused(copies, beside_checkout, in_tmp, tmp_path, private_tmp):
+def test_a_python_the_sandbox_hides_is_refused(copies, beside_checkout, in_tmp, tmp_path):
   """The venv reachable, the Python it runs under /tmp (PrivateTmp=yes): refused, nothing installed, naming where the
   venv leads (followed through its links to the binary; for a venv of copies, the base Python's folder its pyvenv.cfg
   names), the setting and its units, and what to do."""
   bindir = fake_venv(beside_checkout, base := in_tmp / 'pyenv/versions/3.11.7', copies)
-  r = install_here(tmp_path / 'here', bindir=bindir, installer=private_tmp)
+  r = install_here(tmp_path / 'here', bindir=bindir)
   assert r.returncode == 1 and not (tmp_path / 'here').exists(), r.stdout + r.stderr
   led_to = f"{base / 'bin'} (the base Python's folder" if copies else f"{base / 'bin/python3.11'} (the venv's Python)"
   assert led_to in r.stderr, r.stderr
   assert "PrivateTmp=yes gives the service an empty /tmp of its own (camerad.service, modeld.service, dmonitoringd.service)" in r.stderr, r.stderr
   assert "recreate the venv with a system Python" in r.stderr and str(bindir / 'modeld') not in r.stderr, r.stderr
 
-def test_a_checkout_under_tmp_is_refused(in_tmp, tmp_path, private_tmp):
+def test_a_checkout_under_tmp_is_refused(in_tmp, tmp_path):
   """A checkout under /tmp: its console scripts are hidden from the services (PrivateTmp=yes): refused, nothing
   installed, the scripts named, with the fix. Staged (a package built under /tmp), the same is a warning."""
   bindir = fake_venv(in_tmp / 'checkout', in_tmp / 'python')
-  r = install_here(tmp_path / 'here', bindir=bindir, installer=private_tmp)
+  r = install_here(tmp_path / 'here', bindir=bindir)
   assert r.returncode == 1 and not (tmp_path / 'here').exists(), r.stdout + r.stderr
   assert f"{bindir / 'modeld'} (a console script)" in r.stderr and "keep the checkout elsewhere" in r.stderr, r.stderr
-  r = run_install(tmp_path / 'staged', bindir=bindir, installer=private_tmp)
+  r = run_install(tmp_path / 'staged', bindir=bindir)
   assert r.returncode == 0 and "warning: staged, but from here the services could not start" in r.stderr, r.stderr
   assert f"{bindir / 'modeld'} (a console script)" in r.stderr and (tmp_path / 'staged/etc/systemd/system/modeld.service').is_file()
 
 def test_the_sandbox_is_read_from_the_units(in_tmp, tmp_path):
-  """The settings checked are the units' own: the shipped units keep the real /tmp (PrivateTmp=no), so the /tmp
-  checkout that PrivateTmp=yes refuses installs from them."""
+  """The settings checked are the units' own: on the shm transport the units keep the real /tmp (PrivateTmp=no), so
+  the /tmp checkout that the default's private /tmp refuses installs from them."""
+  (env := tmp_path / 'root/etc/default/modeld').parent.mkdir(parents=True)
+  env.write_text('MSGQ_TRANSPORT=shm\n')
   r = run_install(tmp_path / 'root', bindir=fake_venv(in_tmp / 'checkout', in_tmp / 'python'))
   assert r.returncode == 0 and 'could not start' not in r.stderr, r.stderr
   assert directives(unit_text(tmp_path / 'root', 'modeld.service'))['PrivateTmp'] == ['no']
@@ -275,15 +351,6 @@ def test_make_target_passes_variables():
 # ---- the environment file reaches the command line (systemd's rules: EnvironmentFile= lines are KEY=VALUE without
 # expansion; in ExecStart= "${KEY}" is one argument and "$KEY" splits at whitespace, an empty one vanishing)
 
-def read_env_file(text: str) -> dict[str, str]:
-  env = {}
-  for line in text.splitlines():
-    line = line.strip()
-    if not line or line[0] in '#;': continue
-    k, v = line.split('=', 1)
-    env[k.strip()] = v.strip().strip('"')
-  return env
-
 def exec_start(text: str, env: dict[str, str]) -> list[str]:
   argv = []
   for word in shlex.split(directives(text)['ExecStart'][0]):
@@ -293,7 +360,7 @@ def exec_start(text: str, env: dict[str, str]) -> list[str]:
   return argv
 
 def test_env_file_reaches_command_line(staged, tmp_path):
-  env = read_env_file((staged / 'etc/default/modeld').read_text())
+  env = install.read_env((staged / 'etc/default/modeld').read_text())
   assert exec_start(unit_text(staged, 'camerad.service'), env)[1:] == ['--source', 'synthetic:straight', '--loop']
   assert exec_start(unit_text(staged, 'modeld.service'), env)[1:] == ['--artifacts', '/var/lib/modeld/artifacts']
   # a user's edits, as in /etc/default/modeld
@@ -303,7 +370,7 @@ def test_env_file_reaches_command_line(staged, tmp_path):
   (tmp_path / 'modeld').write_text(f"ARTIFACTS={tmp_path}/my artifacts\nCAMERA_SOURCE=synthetic:{scene}\n"
                                    f"CAMERAD_ARGS=--fps 100 --cameras road\nMODELD_ARGS=--sensor os04c10 --camera-server cam2\n"
                                    f"DEV=CPU\nOPENPILOT_PREFIX={prefix}\n")
-  env = read_env_file((tmp_path / 'modeld').read_text())
+  env = install.read_env((tmp_path / 'modeld').read_text())
   run_dir = tempfile.mkdtemp(prefix='msgq')   # stands for %t/modeld, which the unit sets; short: unix socket paths are
   proc_env = {**os.environ, **env, 'MSGQ_RUNTIME_DIR': run_dir}
   cam = exec_start(unit_text(staged, 'camerad.service'), env)
