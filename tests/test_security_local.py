@@ -9,6 +9,7 @@ from cereal import messaging
 import msgq
 from msgq import shmq
 from msgq.shmq import HEADER, NUM_READERS_W, READ_UIDS, READ_VALIDS, READ_POINTERS, WRITE_POINTER, WRITE_UID
+from service import RateLimit
 from tests.accounts import as_nobody, nobody_uid, popen_as_nobody
 from tests.artifacts import REPO
 from tests.daemon_harness import Notify
@@ -292,11 +293,22 @@ def test_what_the_stack_makes_is_its_users_alone_under_umask_0(transport, shared
 
 # ---- garbage in a queue file ----
 
+@pytest.fixture
+def own_rate_limit():
+  """msgq.shm's log through a RateLimit of this test's own: the hundreds of lines it causes hold back none of a later
+  test's, and none of an earlier test's hold back its own."""
+  shared = [f for f in shmq.log.filters if isinstance(f, RateLimit)]
+  for f in shared: shmq.log.removeFilter(f)
+  shmq.log.addFilter(own := RateLimit())
+  yield
+  shmq.log.removeFilter(own)
+  for f in shared: shmq.log.addFilter(f)
+
 def corrupt(path: str, word: int, value: int) -> None:
   with open(path, "r+b") as f: f.seek(8 * word); f.write(struct.pack("<Q", value))
 
 @pytest.mark.parametrize("conflate", [False, True])
-def test_any_header_word_of_garbage_is_read_past_and_a_bad_write_pointer_recreated(shm, conflate, caplog):
+def test_any_header_word_of_garbage_is_read_past_and_a_bad_write_pointer_recreated(shm, conflate, caplog, own_rate_limit):
   """Every word of the header set to garbage under a publisher and a subscriber of ours: no exception out of a send
   (but the one that says another publisher took the endpoint, which a garbage write_uid is), a receive or a poll; the
   reader gets what is sent next; a write pointer outside the ring is recreated by the publisher, with one line. So is a
