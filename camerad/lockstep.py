@@ -3,7 +3,7 @@ from __future__ import annotations
 import logging, time
 from cereal import messaging
 from service import StopFlag
-from cereal.services import ANSWERS, CAMERA_OF_STREAM as CAMERA_OF, answer_streams, road_streams
+from cereal.services import ANSWERS, CAMERA_OF_STREAM as CAMERA_OF, CAMERA_STATE_SERVICES, answer_streams, road_streams
 from msgq.zmq import RECONNECT_IVL_MAX_S
 from msgq.visionipc import VisionIpcServer
 from camerad.sources import OptionError
@@ -46,6 +46,13 @@ class Lockstep:
       if time.monotonic() > deadline:
         missing = [CAMERA_OF[s] for s in self.clients if not server.has_readers(s)]
         raise LockstepTimeout(f"--lockstep: no VisionIPC client for {', '.join(missing)} within {self.timeout:g} s: is the daemon running?")
+      self.idle()
+      time.sleep(0.01)
+    # the daemons subscribe once they can take a frame (models warmed up, after their camera clients): a reader on the
+    # state of each camera whose frame an answer carries is that. Past the deadline, a daemon that takes none (another
+    # program's) is not waited for
+    states = [s for s in dict.fromkeys(CAMERA_STATE_SERVICES[t] for t in self.expect.values()) if s in pm.sock]
+    while not self.stop and time.monotonic() < deadline and not all(pm.all_readers_updated(s) for s in states):
       self.idle()
       time.sleep(0.01)
     readers_deadline = time.monotonic() + LOCKSTEP_READERS_S

@@ -21,8 +21,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
       (client,) = cam.clients
       if (model := models.get(cam.layouts)) is None:   # one per buffer layout: its warp, warmed up
         runner = DMRunner(artifact, client.layout, threads=d.args.threads)
-        model = models[cam.layouts] = DriverModel(runner, d.sm, d.stats, d.log, d.args.raw_predictions, d.args.sensor, monitoring=monitoring)
         runner.warmup()
+        model = models[cam.layouts] = DriverModel(runner, d.subscribe(), d.stats, d.log, d.args.raw_predictions, d.args.sensor, monitoring=monitoring)
       d.ready()
       model.reset()
       try:

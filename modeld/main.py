@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
       main_c, extra_c = cam.clients[0], cam.clients[-1]
       if (model := models.get(cam.layouts)) is None:   # one per set of buffer layouts: its warps, warmed up
         runner = RoadRunner(artifact, main_c.layout, extra_c.layout, threads=d.args.threads)
-        model = models[cam.layouts] = RoadModel(runner, main_c.stream, d.sm, d.stats, d.log, d.args.raw_predictions, d.args.sensor)
         runner.warmup()
+        model = models[cam.layouts] = RoadModel(runner, main_c.stream, d.subscribe(), d.stats, d.log, d.args.raw_predictions, d.args.sensor)
       d.ready()
       model.reset()
       sync = FrameSync(main_c.recv, extra_c.recv if extra_c is not main_c else None, RECV_TIMEOUT_MS)

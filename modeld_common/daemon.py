@@ -1,6 +1,6 @@
 """The process around a model daemon's frame loop (the loop itself is each daemon's main()): the options, the sockets,
 the watchdog and stats, the artifact loaded before any camera, waiting for and connecting to the camera server in
-openpilot's order, reconnecting after its restart, and the exit codes."""
+openpilot's order, the inputs subscribed only then, reconnecting after its restart, and the exit codes."""
 from __future__ import annotations
 import argparse, logging, os, time
 from collections.abc import Callable, Iterator
@@ -80,14 +80,14 @@ class Daemon:
     from cereal import messaging
     self.stop, self.watchdog, self.log = StopFlag(), Watchdog(), logging.getLogger(name)
     self.stats = Stats(self.log, self.args.stats_interval)
-    self.pm, self.sm, self.is_ready = messaging.PubMaster(publishes), messaging.SubMaster(subscribes), False
+    self.pm, self.sm, self.subscribes, self.is_ready = messaging.PubMaster(publishes), None, subscribes, False
 
   def __enter__(self) -> Daemon: return self
 
   def __exit__(self, typ, e, tb) -> None:
     from modelrt.artifact import ArtifactError
     self.pm.close()
-    self.sm.close()
+    if self.sm is not None: self.sm.close()
     if isinstance(e, (ArtifactError, OutputError)): self.log.error("%s: %s", type(e).__name__, e)
     elif isinstance(e, MultiplePublishersError):   # not a configuration error: once the other one stops, a restart works
       self.log.error("%s (another %s on OPENPILOT_PREFIX %r?)", e, self.name, os.environ.get('OPENPILOT_PREFIX', ''))
@@ -143,6 +143,16 @@ class Daemon:
     finally:
       for c in kept.values(): c.close()
 
+  def subscribe(self):
+    """The inputs' SubMaster, made at the first call: once the daemon can take a frame (its models loaded and warmed up,
+    its camera clients connected), as openpilot's modeld subscribes after connecting. A reader on an input then means
+    ready: a harness that waits for one (PubMaster.wait_for_readers_to_update) and sends frame 1 gets its answer. Kept
+    from then on: a restarted camera's frames wait in the kept clients meanwhile."""
+    if self.sm is None:
+      from cereal import messaging
+      self.sm = messaging.SubMaster(self.subscribes)
+    return self.sm
+
   def ready(self) -> None:
     """READY=1, once: the models loaded and warmed up, the camera connected."""
     if not self.is_ready:
@@ -167,6 +177,7 @@ class Daemon:
       time.sleep(min(left, RECV_TIMEOUT_MS / 1000))
 
   def update_messages(self) -> None:
-    """The newest of each subscribed message; those dropped as malformed are counted in the stats."""
+    """The newest of each subscribed message (none before subscribe()); those dropped as malformed are counted in the stats."""
+    if self.sm is None: return
     self.sm.update(0)
     if (new := sum(self.sm.malformed.values()) - self.stats.totals.get('malformed', 0)) > 0: self.stats.count('malformed', new)

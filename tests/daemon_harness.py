@@ -9,7 +9,7 @@ from cereal import messaging
 from cereal.services import CAMERA_STATE_SERVICES
 from msgq.visionipc import VisionIpcServer
 from msgq.visionipc.layout import NV12Layout
-from tests.artifacts import REPO
+from tests.artifacts import LAYOUT, REPO
 
 FRAME_NS = 50_000_000   # 20 Hz
 BASE_INSTALL = {'tinygrad', 'capnp', 'zmq', 'numpy', 'setproctitle'}   # pyproject's dependencies, by the names they import as
@@ -164,3 +164,51 @@ class Collector:
 
   def close(self) -> None:
     for s in self.socks.values(): s.close()
+
+class Harness:
+  """A model daemon driven as openpilot's own harnesses drive modeld (its modeld test, its process replay): the camera
+  server, a publisher of every input and a subscriber of every output made first; the daemon started; every input
+  waited for until it has a reader (PubMaster.wait_for_readers_to_update: no READY=1, which openpilot's harnesses do
+  not read); each output received from once, as process replay does to let its sockets reconnect (on shm the daemon's
+  newer publishers evicted them); then frames, each camera's state message before its frame (Camera.send)."""
+  def __init__(self, module: str, artifacts, streams: list[int], inputs: list[str], outputs: list[str], *args: str):
+    self.camera = Camera({s: LAYOUT for s in streams})
+    self.pm = messaging.PubMaster([s for s in inputs if s not in self.camera.pm.sock])
+    self.inputs = {s: self.camera.pm if s in self.camera.pm.sock else self.pm for s in inputs}
+    self.outputs = {s: messaging.sub_sock(s, timeout=100) for s in outputs}
+    self.notify = Notify()
+    self.daemon = Daemon(module, artifacts, '--stats-interval', '0', *args, notify=self.notify)   # a STATUS= per loop turn
+    self.started = time.monotonic()
+
+  def wait_for_readers(self, timeout: float = 60.) -> float:
+    """Seconds from the start until every input had a reader; AssertionError (with the daemon's stderr) if one has none."""
+    for s, pm in self.inputs.items():
+      assert pm.wait_for_readers_to_update(s, timeout), f"no reader on {s} within {timeout} s; stderr:\n{self.daemon.stderr()}"
+    took = time.monotonic() - self.started
+    for sock in self.outputs.values(): sock.receive(non_blocking=True)
+    return took
+
+  def answer(self, service: str, timeout: float = 10.):
+    """The next message on an output, or None when none comes within `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+      if (dat := self.outputs[service].receive()) is not None: return messaging.log_from_bytes(dat)
+    return None
+
+  def close(self) -> tuple[int, float]:
+    """The daemon stopped (SIGTERM: its exit code and seconds to exit), then everything else closed."""
+    try: return self.daemon.stop()
+    finally:
+      for s in self.outputs.values(): s.close()
+      self.pm.close(); self.camera.close(); self.notify.close()
+
+  def frame_one(self, timeout: float = 10.) -> tuple[float, float | None]:
+    """Readers awaited, then frame 1 on every camera: (seconds from the start to the readers, to frame 1's answer on the
+    first output, or None if it did not come within `timeout` s)."""
+    readers = self.wait_for_readers()
+    self.camera.send(1)
+    msg, out = self.answer(next(iter(self.outputs)), timeout), None
+    if msg is not None:
+      out = time.monotonic() - self.started
+      assert getattr(msg, msg.which()).frameId == 1, f"frame 1 answered as {getattr(msg, msg.which()).frameId}"
+    return readers, out

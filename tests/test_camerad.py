@@ -194,6 +194,24 @@ def test_lockstep_skips_what_is_not_its_answer(scene_file):
     pm.close()
     if p.poll() is None: p.kill()
 
+def test_lockstep_waits_for_a_daemon_that_subscribes_after_its_warm_up(scene_file):
+  """A daemon connects its camera clients, then warms its models up and only then subscribes (a reader means ready, as
+  openpilot's modeld): camerad sends frame 0 only once the camera's state has that reader, however long the warm-up
+  (here 3 s, over the 2 s camerad gives readers of its other messages), so frame 0's state reaches the daemon."""
+  p = camerad("--source", f"synthetic:{scene_file}", "--cameras", "road", "--lockstep", "--lockstep-timeout", "10")
+  try:
+    wait_for_server(p)
+    (client,) = connect([ROAD]).values()
+    time.sleep(3)   # the warm-up
+    sock = messaging.sub_sock("roadCameraState", timeout=5000)
+    while (buf := client.recv(200)) is None: assert p.poll() is None, p.communicate()[1]
+    frame_id, state = buf.frame_id, messaging.recv_one(sock)
+    del buf
+    assert frame_id == 0 and state is not None and state.roadCameraState.frameId == 0, (frame_id, state)
+    client.close(); sock.close()
+  finally:
+    if p.poll() is None: p.kill(); p.communicate()
+
 BAD_OPTIONS = [   # (options after --source synthetic:SCENE unless they give their own --source, what stderr says)
   (["--fps", "0"], "--fps: expected 0 < F <= 1000, got 0.0"),
   (["--frames", "-1"], "--frames: expected >= 1, got -1"),
