@@ -3,7 +3,7 @@ path, lane lines, road edges and lead projected in (projection.py), the driver's
 series of latency, drops, speeds and awareness, on timelines by frame id and by log time (mono_time, from the route's
 start). Pictures are downscaled: live, the camera's NV12 decimated; from a route, JPEG (docs/VIEW.md: the cost)."""
 from __future__ import annotations
-import argparse, io, os, socket, subprocess, sys, tempfile, time
+import argparse, io, os, socket, subprocess, sys, tempfile, threading, time
 from collections import Counter
 from pathlib import Path
 from urllib.parse import quote
@@ -16,7 +16,6 @@ with needs_extra('modeld-view', 'view'):
   from PIL import Image
 from cereal.services import CAMERAS, STREAM_OF_STATE, CAMERA_OF_STREAM
 from modeld.desire import Desire
-from dmonitoringd.fill_msgs import awareness
 from modelrt.constants import DESIRE_LEN
 from modeld_tools.projection import GREEN, RED, Scaled, calibration, decimation, driver_data, face, nv12_decimate, nv12_to_rgb, prob_colour, road
 from transformations.camera import CAM_HEIGHT, CameraConfig, camera_config, camera_for, sensor_name
@@ -32,6 +31,7 @@ KEEP_EOF = 100         # end-of-frame times kept per camera (a driver output's f
 BIND = '127.0.0.1'     # every server this tool starts listens here only: a remote viewer comes through an SSH tunnel
 GRPC_PORT, WEB_PORT = 9876, 9090   # rerun's own defaults
 START_TIMEOUT = 20.    # s for a viewer or web server started here to listen
+DISCONNECT_TIMEOUT = 10.   # s for the viewer to take what was sent, at the end
 POLL_S = 0.02          # live: an idle look at the sockets waits this long before the next (less than a frame at 20 Hz: none skipped)
 SERIES = {'timing/modelV2': ['modelV2 execution (ms)', 'modelV2 frame age (ms)', 'frameDropPerc (%)'],   # several series an entity: one log call
           'timing/driverStateV2': ['driverStateV2 execution (ms)', 'driverStateV2 frame age (ms)'],
@@ -194,7 +194,7 @@ class View:
   def monitoring(self, dms, t: int) -> None:
     self.dms = dms
     self.at(self.driver_fid, t)
-    self.scalar('monitoring/awareness', awareness(dms))
+    self.scalar('monitoring/awareness', dms.awarenessStatus)
     self.states()
 
   def states(self) -> None:
@@ -207,8 +207,8 @@ class View:
             ('left eye', eye(d.leftEyeProb, d.leftBlinkProb)), ('right eye', eye(d.rightEyeProb, d.rightBlinkProb)),
             ('phone', f"{'YES' if d.phoneProb > 0.5 else 'no'} ({d.phoneProb:.2f})"), ('sunglasses', f"{d.sunglassesProb:.2f}")]
     if (m := self.dms) is not None:
-      rows += [('awareness', f"{awareness(m):.2f} ({m.activePolicy})"), ('alert', str(m.alertLevel)),
-               ('distracted', 'YES' if m.visionPolicyState.isDistracted else 'no'), ('face detected', 'yes' if m.visionPolicyState.faceDetected else 'no')]
+      rows += [('awareness', f"{m.awarenessStatus:.2f}"), ('distracted', 'YES' if m.isDistracted else 'no'),
+               ('face detected', 'yes' if m.faceDetected else 'no')]
     rows.append(('execution', f"{ds.modelExecutionTime * 1e3:.1f} ms"))
     self.rec.log('text/driver', table(rows))
 
@@ -233,10 +233,35 @@ def rerun_binary() -> str:
     raise SystemExit(f"{PROG}: expected rerun's viewer at {exe} (part of rerun-sdk), found nothing: reinstall 'tinymodeld[view]'")
   return str(exe)
 
-def listening(port: int) -> bool:
-  try:
-    with socket.create_connection((BIND, port), timeout=0.2): return True
-  except OSError: return False
+# a connection to 127.0.0.1 reaches a listener on these addresses, as /proc/net/tcp and tcp6 write them: 127.0.0.1,
+# 0.0.0.0, and IPv6's any address, plain and IPv4-mapped, and ::ffff:127.0.0.1
+REACHED = {'0100007F', '00000000', '0' * 32, '0' * 16 + 'FFFF0000' + '0' * 8, '0' * 16 + 'FFFF0000' + '0100007F'}
+
+def listeners(port: int) -> list[tuple[int, int]]:
+  """(uid, socket inode) of every TCP socket listening where a connection to 127.0.0.1:port arrives, whoever's."""
+  out = []
+  for table in ('/proc/net/tcp', '/proc/net/tcp6'):
+    try: rows = Path(table).read_text().splitlines()[1:]
+    except FileNotFoundError: continue   # no IPv6
+    for w in map(str.split, rows):
+      addr, _, hexport = w[1].partition(':')
+      if w[3] == '0A' and int(hexport, 16) == port and addr in REACHED: out.append((int(w[7]), int(w[9])))
+  return out
+
+def sockets_of(pid: int) -> set[int]:
+  """The inodes of the sockets process pid holds open."""
+  out = set()
+  for fd in os.listdir(f"/proc/{pid}/fd"):
+    try: link = os.readlink(f"/proc/{pid}/fd/{fd}")
+    except FileNotFoundError: continue   # closed meanwhile
+    if link.startswith('socket:['): out.add(int(link[8:-1]))
+  return out
+
+def not_ours(port: int, uid: int) -> SystemExit:
+  from service.owned import account
+  return SystemExit(f"{PROG}: {BIND}:{port} is taken by a listener of {account(uid)} that {PROG} did not start: nothing is sent to it (the "
+                    f"stream carries the cabin camera). --connect {port} sends to it if it is your rerun viewer; --port 0 (and --web-port 0) "
+                    f"start one on a free port")
 
 def free_port() -> int:
   with socket.socket() as s:
@@ -244,20 +269,36 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 def start_rerun(args: list[str], ports: list[int], what: str, detach: bool) -> subprocess.Popen:
-  """rerun's CLI with args, once it listens on every port; its output goes to a file, shown if it fails to start."""
+  """rerun's CLI with args, once it listens on every port, which must be free: the listeners are checked to be its own
+  sockets (another account's, bound between the check and rerun's start, would get the stream). Its output goes to a
+  file, shown if it fails to start."""
+  for port in ports:
+    if held := listeners(port): raise not_ours(port, held[0][0])
   log = tempfile.TemporaryFile()
   p = subprocess.Popen([rerun_binary(), *args], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=detach)
   deadline = time.monotonic() + START_TIMEOUT
-  while not all(map(listening, ports)):
+  while not all(held := [listeners(port) for port in ports]):
     if (rc := p.poll()) is not None or time.monotonic() > deadline:
       if rc is None: p.kill()
       log.seek(0)
       raise SystemExit(f"{PROG}: {what} did not start: expected it listening on {BIND}:{', '.join(map(str, ports))} within {START_TIMEOUT:g} s, "
                        f"it {f'exited with {rc}' if rc is not None else 'did not (killed)'}; its output: {log.read().decode(errors='replace')[-2000:]}")
     time.sleep(0.05)
+  mine = sockets_of(p.pid)
+  for port, socks in zip(ports, held):
+    if other := [uid for uid, inode in socks if inode not in mine]:
+      p.kill()
+      raise not_ours(port, other[0])
   return p
 
 def grpc_url(port: int) -> str: return f"rerun+http://{BIND}:{port}/proxy"
+
+def connect_url(where: str) -> str:
+  """--connect's viewer: a port of 127.0.0.1, or a rerun URL."""
+  if where.isdigit(): return grpc_url(int(where))
+  if not where.startswith(('rerun://', 'rerun+http://', 'rerun+https://')):
+    raise ValueError(f"--connect: expected a port or a URL rerun+http://HOST:PORT/proxy, got {where!r}")
+  return where
 
 def web_url(port: int, web_port: int) -> str:
   """The web viewer's address, showing what the gRPC server on `port` holds."""
@@ -266,17 +307,15 @@ def web_url(port: int, web_port: int) -> str:
 def serve_web(port: int, web_port: int, memory_limit: str) -> tuple[subprocess.Popen, int, int]:
   """rerun's gRPC server and web viewer, both on 127.0.0.1 (rerun's own serve functions bind every interface)."""
   port, web_port = port or free_port(), web_port or free_port()
-  if taken := [p for p in (port, web_port) if listening(p)]:
-    raise SystemExit(f"{PROG}: {BIND}:{taken[0]} is taken (another modeld-view or rerun?): give --port and --web-port free ports, or 0 for any")
   return start_rerun(['--serve-web', '--bind', BIND, '--port', str(port), '--web-viewer-port', str(web_port),
                       '--server-memory-limit', memory_limit], [port, web_port], "rerun's web viewer", detach=False), port, web_port
 
 def native_viewer(port: int) -> None:
-  """rerun's native viewer listening on `port` of 127.0.0.1: the one there, or a new one that outlives this tool."""
+  """A new rerun native viewer listening on `port` of 127.0.0.1, which outlives this tool."""
   if not (os.environ.get('DISPLAY') or os.environ.get('WAYLAND_DISPLAY')):
     raise SystemExit(f"{PROG}: no display (DISPLAY and WAYLAND_DISPLAY are unset) for rerun's native viewer: give --web to "
                      f"view in a browser (README.md: from another machine), or --save FILE.rrd")
-  if not listening(port): start_rerun(['--bind', BIND, '--port', str(port), '--expect-data-soon'], [port], "rerun's viewer", detach=True)
+  start_rerun(['--bind', BIND, '--port', str(port), '--expect-data-soon'], [port], "rerun's viewer", detach=True)
 
 # ---- what is logged: a route, or a live stack
 
@@ -367,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
   modeld-view --live --web                         in a browser: prints http://127.0.0.1:9090/?url=...
   modeld-view routes/2026-11-30--04-00-00          a route (or a segment, or a modeld-batch output) on its own timeline
   modeld-view ROUTE --save route.rrd               a recording to open later: rerun route.rrd
+  modeld-view --live --connect 9876                to the rerun viewer already listening on 127.0.0.1:9876 (yours)
 
 A stack on another machine: run modeld-view --live --web there and tunnel both ports (never serve on 0.0.0.0):
   ssh -L 9090:127.0.0.1:9090 -L 9876:127.0.0.1:9876 HOST   then open the printed URL here""")
@@ -374,8 +414,12 @@ A stack on another machine: run modeld-view --live --web there and tunnel both p
   p.add_argument('--live', action='store_true', help='a running stack (VisionIPC frames and messages) instead of a route')
   p.add_argument('--web', action='store_true', help="serve rerun's web viewer on 127.0.0.1 and print its URL")
   p.add_argument('--save', metavar='FILE.rrd', help='write the recording to FILE.rrd (alone: no viewer)')
-  p.add_argument('--port', type=int, default=GRPC_PORT, help="gRPC port of the viewer or server on 127.0.0.1 (default: 9876, rerun's; 0: any free)")
+  p.add_argument('--port', type=int, help="gRPC port of the viewer or server it starts on 127.0.0.1 (default: with --web 9876, rerun's; "
+                 "the native viewer any free port, a new viewer each time; 0: any free)")
   p.add_argument('--web-port', type=int, default=WEB_PORT, help="--web: the web viewer's HTTP port on 127.0.0.1 (default: 9090; 0: any free)")
+  p.add_argument('--connect', metavar='PORT|URL', help="send to the rerun viewer already listening there (a port of 127.0.0.1, or "
+                 "rerun+http://HOST:PORT/proxy) instead of starting one: nothing checks whose it is. Without it, the stream goes only "
+                 "to a viewer or server this tool started")
   p.add_argument('--width', type=int, default=REF_WIDTH, metavar='W', help=f'picture width in pixels (default: {REF_WIDTH}; 0: full size); '
                  'live NV12 pictures: the stream decimated by the whole factor nearest its width / W (1928 -> 642)')
   p.add_argument('--quality', type=int, metavar='Q', help='JPEG quality of the pictures, 1-100 (default: 80 from a route; live: NV12 '
@@ -390,7 +434,10 @@ A stack on another machine: run modeld-view --live --web there and tunnel both p
   if args.quality is not None and not 0 <= args.quality <= 100: p.error(f"--quality: expected 0 (raw) to 100, got {args.quality}")
   if args.seconds is not None and args.seconds <= 0: p.error(f"--seconds: expected > 0, got {args.seconds}")
   for opt in ('port', 'web_port'):
-    if not 0 <= getattr(args, opt) < 65536: p.error(f"--{opt.replace('_', '-')}: expected a port 0-65535, got {getattr(args, opt)}")
+    if not 0 <= (getattr(args, opt) or 0) < 65536: p.error(f"--{opt.replace('_', '-')}: expected a port 0-65535, got {getattr(args, opt)}")
+  if args.web and args.connect: p.error('--web serves a viewer of its own: give --web or --connect (not both)')
+  try: connect = connect_url(args.connect) if args.connect else None
+  except ValueError as e: p.error(str(e))
   if args.prefix is not None: os.environ['OPENPILOT_PREFIX'] = args.prefix
 
   if args.live:
@@ -407,14 +454,20 @@ A stack on another machine: run modeld-view --live --web there and tunnel both p
   rr.set_log_time_enabled(False, rec)   # rerun's own timelines (this process's clock, its call count) would only confuse
   rr.set_log_tick_enabled(False, rec)
   sinks, server, shown = [], None, []
-  if args.save:
+  if args.save:   # the cabin camera: a file of this account's alone (0600, MSGQ_GROUP's too with it), as the stack's own
+    from service.owned import open_private
+    try: os.close(open_private(args.save, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 'recording'))
+    except OSError as e: p.error(f"--save: {e}")
     sinks.append(rr.FileSink(args.save))
     shown.append(args.save)
   if args.web:
-    server, port, web_port = serve_web(args.port, args.web_port, args.memory_limit)
+    server, port, web_port = serve_web(GRPC_PORT if args.port is None else args.port, args.web_port, args.memory_limit)
     sinks.append(rr.GrpcSink(grpc_url(port)))
     shown.append(url := web_url(port, web_port))
     print(f"{PROG}: rerun's web viewer: {url}", flush=True)
+  elif connect:
+    sinks.append(rr.GrpcSink(connect))
+    shown.append(connect)
   elif not args.save:
     native_viewer(port := args.port or free_port())
     sinks.append(rr.GrpcSink(grpc_url(port)))
@@ -436,11 +489,17 @@ A stack on another machine: run modeld-view --live --web there and tunnel both p
       print(f"{PROG}: serving until Ctrl-C", flush=True)
       while not stop and server.poll() is None: time.sleep(0.2)
   finally:
-    rec.disconnect()   # the file's footer written, the server's connection closed
+    # the file's footer written, the viewer's connection closed: rerun waits for --connect's address to take what was
+    # sent, forever where no rerun answers there
+    (closing := threading.Thread(target=rec.disconnect, daemon=True)).start()
+    closing.join(DISCONNECT_TIMEOUT)
     if server is not None:
       server.terminate()
       try: server.wait(5)
       except subprocess.TimeoutExpired: server.kill()
+    if closing.is_alive():
+      print(f"{PROG}: {connect} did not take the recording within {DISCONNECT_TIMEOUT:g} s: is a rerun viewer listening there?", file=sys.stderr, flush=True)
+      os._exit(1)   # Python's exit would wait for rerun's connection again
   return 0
 
 if __name__ == '__main__':

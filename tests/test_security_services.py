@@ -1,7 +1,67 @@
-"""The tools' servers against other accounts and the network: modeld-batch's local Ray listens on loopback only."""
-import ipaddress, time
+"""The tools' servers against other accounts and the network: modeld-view sends the stream (the cabin camera included)
+only to a viewer it started or was given, never to a listener another account put on its port first, and writes its
+recording for this account alone; modeld-batch's local Ray listens on loopback only."""
+import ipaddress, os, signal, subprocess, sys, time
+from pathlib import Path
+import pytest
+from tests.accounts import nobody_uid, popen_as_nobody
 from tests.openpilot_route import write_route
 from tests.test_batch import job_processes, start_batch
+
+BIN = Path(sys.executable).parent
+
+# another account's listener on a loopback port: it counts the connections it accepts and the bytes they bring, and
+# prints both when terminated
+SQUATTER = """
+import os, signal, socket, sys, threading
+s = socket.socket()
+s.bind(('127.0.0.1', 0))
+s.listen(16)
+got = [0, 0]
+def drain(c):
+  while b := c.recv(65536): got[1] += len(b)
+def accept():
+  while True:
+    c, _ = s.accept()
+    got[0] += 1
+    threading.Thread(target=drain, args=(c,), daemon=True).start()
+threading.Thread(target=accept, daemon=True).start()
+signal.signal(signal.SIGTERM, lambda *_: (print(*got, flush=True), os._exit(0)))
+print(s.getsockname()[1], flush=True)
+while True: signal.pause()
+"""
+
+@pytest.mark.parametrize('viewer', ['native', 'web'])
+def test_view_sends_nothing_to_another_accounts_listener(viewer):
+  """nobody listens on the viewer's port before `modeld-view --live` starts: the tool refuses, naming the account and
+  what to do, without a traceback, and nobody's listener sees no connection at all (before, it got the stream, and
+  the tool hung at exit)."""
+  uid = nobody_uid()
+  squatter = popen_as_nobody(SQUATTER)
+  try:
+    port = int(squatter.stdout.readline())
+    args = ['--port', str(port)] + (['--web', '--web-port', '0'] if viewer == 'web' else [])
+    r = subprocess.run([BIN / 'modeld-view', '--live', '--seconds', '1', *args], env={**os.environ, 'DISPLAY': ':0'},
+                       capture_output=True, text=True, timeout=60)
+  finally:
+    squatter.send_signal(signal.SIGTERM)
+    got = squatter.communicate(timeout=10)[0].split()
+  assert r.returncode == 1 and f"127.0.0.1:{port} is taken by a listener of uid {uid} (nobody)" in r.stderr, (r.returncode, r.stderr)
+  assert '--port 0' in r.stderr and 'Traceback' not in r.stderr, r.stderr
+  assert got == ['0', '0'], f"nobody's listener: {got[0]} connection(s), {got[1]} bytes"
+
+def test_view_recording_is_this_accounts_alone(tmp_path):
+  """--save writes the recording 0600 whatever the umask (it holds the cabin camera), and refuses a symlink in its
+  place rather than write where it points."""
+  old = os.umask(0o022)
+  try: r = subprocess.run([BIN / 'modeld-view', '--live', '--seconds', '0.5', '--save', tmp_path / 'live.rrd'], capture_output=True, text=True, timeout=60)
+  finally: os.umask(old)
+  assert r.returncode == 0, r.stderr
+  assert (tmp_path / 'live.rrd').stat().st_mode & 0o777 == 0o600
+  (tmp_path / 'elsewhere').write_bytes(b'theirs')
+  (tmp_path / 'link.rrd').symlink_to(tmp_path / 'elsewhere')
+  r = subprocess.run([BIN / 'modeld-view', '--live', '--seconds', '0.5', '--save', tmp_path / 'link.rrd'], capture_output=True, text=True, timeout=60)
+  assert r.returncode == 2 and 'is a symlink: refused' in r.stderr and (tmp_path / 'elsewhere').read_bytes() == b'theirs', r.stderr
 
 def loopback(ip: str) -> bool:
   a = ipaddress.ip_address(ip)
