@@ -19,9 +19,19 @@ JOIN_S = 0.15       # after the first camera, how long the others get before ser
                     # of its cameras within a frame period); a camera that comes later joins while serving
 QUIET_S = 3.0       # a device silent this long is reported, once, and again when it is back
 RECV_MS = 100       # how often the threads look at their stop flag
+MAX_SIDE = 4096     # a camera's width and height at most (openpilot's are 1928x1208 at most): a larger one is refused
+OUT_ITEMS = 1024    # what the threads hand the serving loop, waiting at most (a device flooding messages waits on it)
 NOT_SERVED = "frames behind, decoded but not served (a newer one was waiting)"
 # what the daemons read from the car and the device, relayed as it arrives (the camera states are camerad's own)
 RELAYED = tuple(dict.fromkeys(s for s in MODELD_INPUTS + DMONITORINGD_INPUTS if s not in CAMERA_STATE_SERVICES.values() and s not in DAEMON_OUTPUTS))
+
+def refused_size(ed, size: tuple[int, int] | None) -> str | None:
+  """Why a camera's EncodeData is refused for its size, or None: over MAX_SIDE, odd or empty (a device can declare any;
+  camerad's buffers are made to it), or another than its stream's once served."""
+  if size is not None: return None if (ed.width, ed.height) == size else f"frames declaring another size than the stream's {size[0]}x{size[1]}"
+  if not (0 < ed.width <= MAX_SIDE and 0 < ed.height <= MAX_SIDE) or ed.width % 2 or ed.height % 2:
+    return f"frames of a size that is no camera's (at most {MAX_SIDE}x{MAX_SIDE}, even)"
+  return None
 
 def device_socket(host: str, service: str) -> SubSocket:
   """A subscription to a service of openpilot's bridge on `host`: its port comes from the service name alone, whatever
@@ -36,9 +46,10 @@ class CameraStream(threading.Thread):
   only the newest picture is served. What it makes and sees goes to `out`: ("frame", stream, picture, frame id, SOF,
   EOF, device logMonoTime, arrival ns, decode s, (width, height)), ("lost", stream, frames or None for a restart),
   ("skip", reason, count)."""
-  def __init__(self, stream: int, sock: SubSocket, first: list[tuple[bytes, int]], out: queue.Queue, stop: threading.Event):
+  def __init__(self, stream: int, sock: SubSocket, first: list[tuple[bytes, int]], out: queue.Queue, stop: threading.Event,
+               size: tuple[int, int] | None):
     super().__init__(name=f"bridge-{CAMERA_OF_STREAM[stream]}", daemon=True)
-    self.stream, self.sock, self.first, self.out, self.stop = stream, sock, first, out, stop
+    self.stream, self.sock, self.first, self.out, self.stop, self.size = stream, sock, first, out, stop, size
     self.cam, self.service = CAMERA_OF_STREAM[stream], CAMERAS[CAMERA_OF_STREAM[stream]].encode_data
     self.decoder, self.last_id, self.meta = None, None, {}
 
@@ -47,15 +58,18 @@ class CameraStream(threading.Thread):
     try:
       while not self.stop.is_set():
         if batch: self.handle(batch)
-        batch = []
-        while (dat := self.sock.receive(non_blocking=bool(batch))) is not None: batch.append((dat, time.monotonic_ns()))
+        batch = []   # what is waiting, up to what the socket's queue holds: a device sending faster than we take cannot grow it
+        while len(batch) < self.sock.hwm and (dat := self.sock.receive(non_blocking=bool(batch))) is not None:
+          batch.append((dat, time.monotonic_ns()))
     finally: self.sock.close()
 
   def handle(self, batch: list[tuple[bytes, int]]) -> None:
     evs = []
     for dat, arrived in batch:
-      try: evs.append((messaging.log_from_bytes(dat, expect=self.service), arrived))
-      except messaging.MalformedMessageError as e: self.out.put(("skip", f"{self.cam}: a malformed {self.service} ({e})", 1))
+      try: ev = messaging.log_from_bytes(dat, expect=self.service)
+      except messaging.MalformedMessageError: self.out.put(("skip", f"{self.cam}: malformed {self.service} messages", 1)); continue
+      if (why := refused_size(getattr(ev, self.service), self.size)) is not None: self.out.put(("skip", f"{self.cam}: {why}", 1))
+      else: evs.append((ev, arrived))
     keys = [i for i, (ev, _) in enumerate(evs) if getattr(ev, self.service).idx.flags & KEYFRAME_FLAG]
     if keys and keys[-1] > 0:   # behind: what comes before the newest keyframe is never needed
       self.out.put(("skip", f"{self.cam}: frames behind, skipped to the newest keyframe", keys[-1]))
@@ -75,19 +89,24 @@ class CameraStream(threading.Thread):
         self.out.put(("skip", f"{self.cam}: frames before a keyframe (not decodable)", 1))
         return
       self.decoder, self.meta = av.CodecContext.create("hevc", "r"), {}
-      if len(ed.header): self.decoder.decode(av.Packet(ed.header))
+      self.decoder.options = {"max_pixels": str(ed.width * ed.height)}   # no picture larger than its stream declares
+      self.size = (ed.width, ed.height)
+      if len(ed.header):
+        try: self.decoder.decode(av.Packet(ed.header))
+        except av.FFmpegError: pass   # a damaged header: its keyframe does not decode either, and is skipped
     packet, t = av.Packet(ed.data), time.perf_counter()
     packet.pts = idx.encodeId
     self.meta[idx.encodeId] = (idx.frameId, idx.timestampSof, idx.timestampEof, ev.logMonoTime, arrived)
     try: pictures = self.decoder.decode(packet)
-    except av.FFmpegError as e:   # a damaged packet: nothing from it, nor from what refers to it, until a keyframe
-      self.out.put(("skip", f"{self.cam}: undecodable frame {idx.frameId} ({e})", 1))
+    except av.FFmpegError:   # a damaged packet: nothing from it, nor from what refers to it, until a keyframe
+      self.out.put(("skip", f"{self.cam}: undecodable frames", 1))
       self.decoder = None
       return
     dt = time.perf_counter() - t
     for p in pictures:
       if (m := self.meta.pop(p.pts, None)) is None: continue
-      if serve: self.out.put(("frame", self.stream, p, *m, dt, (ed.width, ed.height)))
+      if (p.width, p.height) != self.size: self.out.put(("skip", f"{self.cam}: pictures of another size than their stream declares", 1))
+      elif serve: self.out.put(("frame", self.stream, p, *m, dt, self.size))
       else: self.out.put(("skip", f"{self.cam}: {NOT_SERVED}", 1))
 
 class BridgeSource(Source):
@@ -97,7 +116,7 @@ class BridgeSource(Source):
   live = True
   def __init__(self, host: str, wait: float = 30.):
     super().__init__()
-    self.host, self.fps, self.services = host, 20., RELAYED
+    self.host, self.fps, self.services, self.streams = host, 20., RELAYED, {}
     self.socks = {c.stream: device_socket(host, c.encode_data) for c in CAMERAS.values()}
     self.first: dict[int, list[tuple[bytes, int]]] = {s: [] for s in self.socks}
     deadline = time.monotonic() + wait
@@ -105,27 +124,38 @@ class BridgeSource(Source):
       for sock in self.socks.values(): sock.timeout = 0
       while time.monotonic() < deadline and not all(self.first.values()):
         for s, sock in self.socks.items():
-          if (dat := sock.receive()) is not None:
+          if (dat := sock.receive()) is not None and (size := self.size(s, dat)) is not None:
             if not any(self.first.values()): deadline = min(deadline, time.monotonic() + JOIN_S)
             self.first[s].append((dat, time.monotonic_ns()))
+            self.streams[s] = size
         time.sleep(0.002)
       if not any(self.first.values()):
-        raise SourceError(f"bridge:{host}: no camera frame within {wait:g} s: is openpilot's encoder and bridge running on the device, "
-                          f"and {host}'s port {tcp_port('roadEncodeData', '')} (roadEncodeData) reachable?")
-      self.streams = {s: self.size(first[-1][0]) for s, first in self.first.items() if first}
+        raise SourceError(f"bridge:{host}: no camera frame within {wait:g} s{self.refusals()}: is openpilot's encoder and bridge running on "
+                          f"the device, and {host}'s port {tcp_port('roadEncodeData', '')} (roadEncodeData) reachable?")
     except BaseException:
       self.close()
       raise
     self.sensor = dict.fromkeys(self.streams, "unknown")
     self.offset: int | None = None   # our monotonic clock less the device's, from the fastest frame to arrive
 
-  def size(self, dat: bytes) -> tuple[int, int]:
-    ed = getattr(ev := messaging.log_from_bytes(dat), ev.which())
+  def size(self, stream: int, dat: bytes) -> tuple[int, int] | None:
+    """The size a camera's message declares; None, counted in `skipped`, for a malformed one or a size refused."""
+    cam, service = CAMERA_OF_STREAM[stream], CAMERAS[CAMERA_OF_STREAM[stream]].encode_data
+    try: ed = getattr(messaging.log_from_bytes(dat, expect=service), service)
+    except messaging.MalformedMessageError:
+      self.skipped[f"{cam}: malformed {service} messages"] += 1
+      return None
+    if (why := refused_size(ed, self.streams.get(stream))) is not None:
+      self.skipped[f"{cam}: {why}"] += 1
+      return None
     return ed.width, ed.height
 
+  def refusals(self) -> str:
+    return f" ({'; '.join(f'{n} {why}' for why, n in self.skipped.items())})" if self.skipped else ""
+
   def ticks(self, start: int = 0) -> Iterator[Tick]:
-    out, stop = queue.Queue(), threading.Event()
-    threads = [CameraStream(s, sock, self.first[s], out, stop) for s, sock in self.socks.items()]
+    out, stop = queue.Queue(OUT_ITEMS), threading.Event()
+    threads = [CameraStream(s, sock, self.first[s], out, stop, self.streams.get(s)) for s, sock in self.socks.items()]
     threads.append(threading.Thread(target=self._relay, args=(out, stop), name="bridge-relay", daemon=True))
     for t in threads: t.start()
     self.socks, last, quiet = {}, time.monotonic(), False   # the threads own the sockets now

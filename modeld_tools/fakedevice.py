@@ -7,12 +7,12 @@ from __future__ import annotations
 import argparse, sys, time
 from fractions import Fraction
 import numpy as np
-import zmq
 from service import StopFlag, add_log_level, setup_logging
 from service.extras import needs_extra
 from cereal import messaging
-from cereal.services import CAMERA_OF_STREAM, CAMERAS
-from msgq import tcp_port
+from cereal.services import CAMERA_OF_STREAM, CAMERAS, SERVICES
+from msgq import IpcError, max_message, tcp_port
+from msgq.tcp import TcpPublisher
 from msgq.visionipc.layout import NV12Layout
 with needs_extra("modeld-fakedevice", "camera"):   # PyAV
   import av
@@ -67,12 +67,9 @@ def clips(specs: list[str], cameras: list[str] | None, n: int, keyint: int) -> t
   if (n := len(msgs) // keyint * keyint) == 0: raise SourceError(f"--source {' '.join(specs)}: fewer than --keyint {keyint} frames")
   return {s: f[:n] for s, f in frames.items()}, encs, msgs[:n], src.fps
 
-def publisher(ctx: zmq.Context, bind: str, service: str) -> zmq.Socket:
-  """A PUB on the service's port of openpilot's bridge (the name alone sets it)."""
-  s = ctx.socket(zmq.PUB)
-  s.setsockopt(zmq.LINGER, 0)
-  s.bind(f"tcp://{bind}:{tcp_port(service, '')}")
-  return s
+def publisher(bind: str, service: str) -> TcpPublisher:
+  """The service's port of openpilot's bridge (the name alone sets it), served as this project's publishers serve TCP."""
+  return TcpPublisher(service, bind, tcp_port(service, ""), max_message(SERVICES[service].queue_size))
 
 def main(argv: list[str] | None = None) -> int:
   ap = argparse.ArgumentParser(prog="modeld-fakedevice", description=__doc__.split("\n\n")[0], epilog=EPILOG,
@@ -104,12 +101,13 @@ def main(argv: list[str] | None = None) -> int:
   except SourceError as e:
     print(f"modeld-fakedevice: {e}", file=sys.stderr)
     return 1
-  ctx = zmq.Context.instance()
+  socks, msg_socks = {}, {}
   try:
-    socks = {s: publisher(ctx, args.bind, CAMERAS[CAMERA_OF_STREAM[s]].encode_data) for s in frames}
-    msg_socks = {svc: publisher(ctx, args.bind, svc) for svc in {svc for m in msgs for svc, _ in m}}
-  except zmq.ZMQError as e:
-    print(f"modeld-fakedevice: cannot serve on {args.bind}: {e}", file=sys.stderr)
+    for s in frames: socks[s] = publisher(args.bind, CAMERAS[CAMERA_OF_STREAM[s]].encode_data)
+    for svc in {svc for m in msgs for svc, _ in m}: msg_socks[svc] = publisher(args.bind, svc)
+  except IpcError as e:
+    for p in [*socks.values(), *msg_socks.values()]: p.close()
+    print(f"modeld-fakedevice: {e}", file=sys.stderr)
     return 1
   print(f"modeld-fakedevice: serving {', '.join(f'{CAMERA_OF_STREAM[s]} {e.layout.width}x{e.layout.height}' for s, e in encs.items())} "
         f"on {args.bind} ({len(msgs)} frames in a loop, {fps:g} frames/s)", flush=True)
@@ -146,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         socks[s].send(ev.to_bytes())
       frame_id += 1
   finally:
-    for s in [*socks.values(), *msg_socks.values()]: s.close(0)
+    for p in [*socks.values(), *msg_socks.values()]: p.close()
   return 0
 
 if __name__ == "__main__":

@@ -1,13 +1,17 @@
 """Network peers (MSGQ_TCP, camerad's bridge), with real processes and real TCP: a subscription flood stores nothing in
 the publisher, connections per endpoint are capped and a peer's cost goes with it, a remote publisher's oversize
 message is refused before it is read and the connection comes back, and what peers make us log is rate-limited."""
-import logging, multiprocessing, os, signal, socket, threading, time
+import logging, multiprocessing, os, re, signal, socket, threading, time
 from contextlib import contextmanager
 import pytest
 import zmq
 import msgq
 from msgq.tcp import GREETING, PEERS
 from msgq.zmq import SubSocket
+from msgq.visionipc import ROAD, VisionIpcClient
+from tests import test_bridge
+from tests.test_bridge import camerad, device, served_ids
+addr, procs = test_bridge.addr, test_bridge.procs   # its fixtures: a loopback address of the test's own, the processes started
 
 CTX = multiprocessing.get_context("spawn")
 MiB = 1024 * 1024
@@ -194,3 +198,34 @@ def test_a_remote_publishers_oversize_messages_are_refused_unread_and_the_connec
   assert sub.refused == 10, f"{sub.refused} refusals of 10 bursts of 300: the oversize messages were read"
   sub.close()
   assert len([r for r in caplog.records if r.name == "msgq"]) <= 10, "a remote publisher's warnings were not rate-limited"
+
+def _hostile_device(host: str, conn) -> None:
+  """The wide camera of a hostile device: on its bridge port, every 20 ms a malformed message and a keyframe that
+  declares 8192x8192 (camerad made its buffers to the size a device declares)."""
+  from cereal import messaging
+  from oproute.video import KEYFRAME_FLAG
+  pub = zmq.Context.instance().socket(zmq.PUB)
+  pub.setsockopt(zmq.LINGER, 0)
+  pub.bind(f"tcp://{host}:{msgq.tcp_port('wideRoadEncodeData', '')}")
+  ev = messaging.new_message("wideRoadEncodeData")
+  ed = ev.wideRoadEncodeData
+  ed.width, ed.height, ed.idx.flags, ed.data, ed.header = 8192, 8192, KEYFRAME_FLAG, bytes(1000), bytes(100)
+  giant = ev.to_bytes()
+  conn.send("up")
+  while not conn.poll(0.02):
+    pub.send(os.urandom(64))
+    pub.send(giant)
+
+def test_a_hostile_device_is_refused_by_name_and_camerad_serves_on(scene, addr, procs):
+  """Beside a device's good road camera, its wide camera sends garbage and a frame size of 8192x8192: camerad serves
+  the road camera, makes no buffers for the wide one, and names both refusals when it stops."""
+  device(procs, scene, addr, "--cameras", "road")
+  with child(_hostile_device, addr) as (_, conn):
+    cam = camerad(procs, addr)
+    assert served_ids(2)
+    assert VisionIpcClient.available_streams("camerad", False) == {ROAD}
+    assert cam.stop() == 0 and cam.proc.returncode == 0
+    conn.send(None)
+  out = cam.output()
+  assert re.search(r"skipped \d+: wide: malformed wideRoadEncodeData messages", out), out
+  assert re.search(r"skipped \d+: wide: frames of a size that is no camera's \(at most 4096x4096, even\)", out), out
