@@ -6,8 +6,8 @@ on the daemon's STATUS= counts and its messages, never on sleeps or log text. Th
 import os, re, signal, socket, subprocess, sys, tempfile, threading, time
 import numpy as np
 from cereal import messaging
-from cereal.services import CAMERA_STATE_SERVICES
-from msgq.visionipc import VisionIpcServer
+from cereal.services import CAMERA_STATE_SERVICES, DMONITORINGD_INPUTS, DMONITORINGD_OUTPUTS, MODELD_INPUTS, MODELD_OUTPUTS
+from msgq.visionipc import DRIVER, ROAD, WIDE_ROAD, VisionIpcServer
 from msgq.visionipc.layout import NV12Layout
 from tests.artifacts import LAYOUT, REPO
 
@@ -212,3 +212,7 @@ class Harness:
       out = time.monotonic() - self.started
       assert getattr(msg, msg.which()).frameId == 1, f"frame 1 answered as {getattr(msg, msg.which()).frameId}"
     return readers, out
+
+def road_harness(artifacts) -> Harness: return Harness('modeld', artifacts, [ROAD, WIDE_ROAD], list(MODELD_INPUTS), list(MODELD_OUTPUTS))
+def driver_harness(artifacts) -> Harness:
+  return Harness('dmonitoringd', artifacts, [DRIVER], list(DMONITORINGD_INPUTS), list(DMONITORINGD_OUTPUTS))

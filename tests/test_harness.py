@@ -4,9 +4,9 @@ state message before its frame. Every frame is answered from frame 1 on, on both
 dropped road frames give what openpilot's modeld gives. The harness: tests/daemon_harness.py Harness."""
 import random
 import pytest
-from cereal.services import DMONITORINGD_INPUTS, DMONITORINGD_OUTPUTS, MODELD_INPUTS, MODELD_OUTPUTS
-from msgq.visionipc import DRIVER, ROAD, WIDE_ROAD
-from tests.daemon_harness import Harness
+from cereal.services import MODELD_OUTPUTS
+from msgq.visionipc import ROAD, WIDE_ROAD
+from tests.daemon_harness import driver_harness, road_harness
 
 FRAMES = 300    # modeld's frames, with random drops
 RESTARTS = 3    # per daemon and transport here; bench/harness.py restarts each 20 times
@@ -15,9 +15,6 @@ RESTARTS = 3    # per daemon and transport here; bench/harness.py restarts each 
 def transport(request, monkeypatch) -> str:
   monkeypatch.setenv('MSGQ_TRANSPORT', request.param)
   return request.param
-
-def road(artifacts) -> Harness: return Harness('modeld', artifacts, [ROAD, WIDE_ROAD], list(MODELD_INPUTS), list(MODELD_OUTPUTS))
-def driver(artifacts) -> Harness: return Harness('dmonitoringd', artifacts, [DRIVER], list(DMONITORINGD_INPUTS), list(DMONITORINGD_OUTPUTS))
 
 class Drops:
   """openpilot modeld's frameDropPerc, as its modeld.py computes it: at every main frame, a first-order filter (10 s, at
@@ -50,7 +47,7 @@ def test_modeld_answers_from_frame_1_with_random_dropped_road_frames(transport, 
   cams = plan(random.Random(39), FRAMES)
   kinds = [cams[n] for n in cams if ROAD not in cams[n]]
   assert (WIDE_ROAD,) in kinds and () in kinds and any(ROAD not in cams[n] and ROAD not in cams[n + 1] for n in cams if n < FRAMES)
-  h, drops, prepare_only = road(tiny_artifacts), Drops(), 0
+  h, drops, prepare_only = road_harness(tiny_artifacts), Drops(), 0
   try:
     h.wait_for_readers()
     for n, streams in cams.items():
@@ -75,7 +72,7 @@ def test_modeld_answers_from_frame_1_with_random_dropped_road_frames(transport, 
 def test_dmonitoringd_answers_from_frame_1(transport, tiny_artifacts):
   """dmonitoringd driven the same way: every driver frame from frame 1 on, frame ids with gaps too, gives its
   driverStateV2 and a driverMonitoringState, and nothing more."""
-  rng, h, n = random.Random(39), driver(tiny_artifacts), 0
+  rng, h, n = random.Random(39), driver_harness(tiny_artifacts), 0
   try:
     h.wait_for_readers()
     for _ in range(100):
@@ -87,7 +84,7 @@ def test_dmonitoringd_answers_from_frame_1(transport, tiny_artifacts):
   finally: rc, _ = h.close()
   assert rc == 0
 
-@pytest.mark.parametrize('daemon', [road, driver])
+@pytest.mark.parametrize('daemon', [road_harness, driver_harness])
 def test_frame_1_is_answered_at_every_restart(transport, tiny_artifacts, daemon):
   """Each start anew, as openpilot's modeld test sets up each test: readers, then frame 1, answered every time."""
   for i in range(RESTARTS):
