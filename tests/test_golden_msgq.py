@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import msgq
 from msgq.pubsub import prefix
-from msgq.shmq import HEADER, queue_path
+from msgq.shmq import HEADER, Queue, queue_path
 from msgq.visionipc import VisionIpcClient, VisionIpcServer
 from msgq.visionipc.wire import request, socket_path
 from tests.artifacts import REPO
@@ -146,6 +146,18 @@ def test_the_reader_reads_every_snapshot_as_openpilots(manifest):
     assert [h['read_pointers'][want['slot']], h['read_valids'][want['slot']]] == [want['read_pointer'], want['valid']], snap['file']
     assert receive_all(sub, gen) == snap['next_reads']['new_subscriber'] == [], snap['file']
     sub.close()
+
+def test_all_readers_updated_is_openpilots_rule_on_its_files(manifest):
+  """On every snapshot as openpilot left it: a reader registered and every valid one at the write pointer (a lapped,
+  invalid reader counts as caught up), openpilot's msgq_all_readers_updated, which wait_for_readers_to_update polls."""
+  for n, snap in enumerate(manifest['msgq']['snapshots']):
+    h = snap['header']
+    want = h['num_readers'] > 0 and all(not v or rp == h['write_pointer'] for rp, v in zip(h['read_pointers'], h['read_valids'][:h['num_readers']]))
+    put(ep := f"{EP}_{n}", golden(snap['file']))
+    q = Queue(ep, prefix(), snap['segment_size'])
+    assert q.all_readers_updated() == want, snap['file']
+    q.close()
+  assert {s['file'] for s in manifest['msgq']['snapshots'] if s['header']['num_readers']} >= {'msgq_reader_3.bin.gz', 'msgq_edge_2.bin.gz'}
 
 def data_word(data: bytes, word: int) -> int: return struct.unpack_from('<Q', data, 8 * word)[0]
 
