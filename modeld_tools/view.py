@@ -16,6 +16,7 @@ with needs_extra('modeld-view', 'view'):
   from PIL import Image
 from cereal.services import CAMERAS, STREAM_OF_STATE, CAMERA_OF_STREAM
 from modeld.desire import Desire
+from dmonitoringd.fill_msgs import awareness
 from modelrt.constants import DESIRE_LEN
 from modeld_tools.projection import GREEN, RED, Scaled, calibration, decimation, driver_data, face, nv12_decimate, nv12_to_rgb, prob_colour, road
 from transformations.camera import CAM_HEIGHT, CameraConfig, camera_config, camera_for, sensor_name
@@ -194,7 +195,7 @@ class View:
   def monitoring(self, dms, t: int) -> None:
     self.dms = dms
     self.at(self.driver_fid, t)
-    self.scalar('monitoring/awareness', dms.awarenessStatus)
+    self.scalar('monitoring/awareness', awareness(dms))
     self.states()
 
   def states(self) -> None:
@@ -207,8 +208,8 @@ class View:
             ('left eye', eye(d.leftEyeProb, d.leftBlinkProb)), ('right eye', eye(d.rightEyeProb, d.rightBlinkProb)),
             ('phone', f"{'YES' if d.phoneProb > 0.5 else 'no'} ({d.phoneProb:.2f})"), ('sunglasses', f"{d.sunglassesProb:.2f}")]
     if (m := self.dms) is not None:
-      rows += [('awareness', f"{m.awarenessStatus:.2f}"), ('distracted', 'YES' if m.isDistracted else 'no'),
-               ('face detected', 'yes' if m.faceDetected else 'no')]
+      rows += [('awareness', f"{awareness(m):.2f} ({m.activePolicy})"), ('alert', str(m.alertLevel)),
+               ('distracted', 'YES' if m.visionPolicyState.isDistracted else 'no'), ('face detected', 'yes' if m.visionPolicyState.faceDetected else 'no')]
     rows.append(('execution', f"{ds.modelExecutionTime * 1e3:.1f} ms"))
     self.rec.log('text/driver', table(rows))
 
