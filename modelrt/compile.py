@@ -17,7 +17,7 @@ from modelrt.modeldef import ModelDef
 from modelrt.contracts import CONTRACTS, FAMILY_MODELS, ContractError, Model, identify
 from modelrt.replay import TensorSpec, Replay, buffer_of, camera_tensor
 from modelrt.runner import IMG_QUEUE_SHAPE, aligned_empty, host_tensor, zero_tensor
-from modelrt import artifact, internals
+from modelrt import artifact, internals, weights
 from modelrt.artifact import save_jit, load_verified, write_artifact, load_artifact, ArtifactError, warp_name, FORMAT_VERSION
 from modelrt.schedule import scheduled, vector_width
 
@@ -124,8 +124,10 @@ def build_jit(name: str, fn: Callable, plans: list[InputPlan], device: str, out_
 
   # the three stages (run, capture, replay) and more replays, against an eager run of the same frames from the same state
   jit, js, es = TinyJit(fn, prune=True), new_state(plans, device), new_state(plans, device)
-  got = [run(jit, f, js) for f in feeds]
+  with internals.wrapped('tinygrad.engine.jit', 'prune_linear', lambda real: weights.prune_linear): got = [run(jit, f, js) for f in feeds]
   if jit.captured is None or jit.cnt != len(feeds): fail(f"did not go through the three JIT stages (cnt={jit.cnt})")
+  if calls := weights.weight_only(jit.captured):
+    fail(f"a replay would compute {', '.join(calls)} from stored weights alone, on every frame: weight-only work must be done once, at capture")
   want = [run(fn, f, es) for f in feeds]
   for i, (g, w) in enumerate(zip(got, want)):
     if not matches_eager(g, w): fail(f"call {i} (stage {min(i, 2)}) differs from the eager run: "

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from tinygrad.dtype import _from_np_dtype as from_np_dtype, _to_np_dtype as to_np_dtype   # noqa: F401 (re-exported)
 from tinygrad.engine.jit import _copy_input as copy_input, _prepare_jit_inputs as prepare_jit_inputs   # noqa: F401 (re-exported)
+from tinygrad.schedule.memory import _collect_bufs as collect_bufs   # noqa: F401 (re-exported)
 
 # (module, name): what the runtime uses it for. Every private name below, and every function wrapped().
 USED: dict[tuple[str, str], str] = {
@@ -16,6 +17,7 @@ USED: dict[tuple[str, str], str] = {
   ('tinygrad.engine.jit', '_prepare_jit_inputs'): "the JIT's own input signature check, before a replay",
   ('tinygrad.engine.jit', '_copy_input'): "inputs a JIT writes, copied before a replay as tinygrad's replay does",
   ('tinygrad.engine.jit', 'CapturedJit._written_uops'): "which inputs a JIT writes",
+  ('tinygrad.schedule.memory', '_collect_bufs'): "the buffers of a call's argument, as tinygrad's prune reads them",
   ('tinygrad.engine.jit', 'CapturedJit._linear'): "a JIT's calls before linking: the kernels a build counts",
   ('tinygrad.nn.onnx', 'OnnxPBParser._parse_message'): "ONNX metadata_props, which tinygrad's parser skips",
   ('tinygrad.nn.onnx', 'OnnxPBParser._decode_end_pos'): "ONNX metadata_props, which tinygrad's parser skips",
@@ -24,6 +26,7 @@ USED: dict[tuple[str, str], str] = {
   ('tinygrad.codegen.opt.search', 'beam_search'): "wrapped: a build's BEAM progress; the shape schedule's opts before a search",
   ('tinygrad.codegen', 'apply_opts'): "wrapped: the shape schedule reads a kernel as codegen has it when it picks opts",
   ('tinygrad.engine.realize', 'lower_and_compile'): "wrapped: the shape schedule writes its opts into each kernel's AST",
+  ('tinygrad.engine.jit', 'prune_linear'): "wrapped: a capture keeps the calls fed by its inputs and runs weight-only work once",
 }
 UOP_ARGS = ('op', 'dtype', 'src', 'arg', 'tag', 'metadata')   # UOp.__reduce__'s arguments, a realized BUFFER's Buffer after them
 BUFFER_ARGS = ('device', 'size', 'dtype', 'opaque', 'options', 'initial_value')   # Buffer.__init__'s first parameters, as pickled
