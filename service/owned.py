@@ -2,6 +2,7 @@
 group name or id) makes that group's accounts part of the stack (a UI of another account): 0770 / 0660 and that group.
 A path that is a symlink, or that another account owns (not root, not of MSGQ_GROUP), is refused by name (NotOwnedError)."""
 import errno, grp, os, pwd, socket, stat, struct
+from pathlib import Path
 
 _UCRED = struct.Struct("3i")   # struct ucred: pid, uid, gid
 
@@ -50,6 +51,13 @@ def private_dir(path: str, what: str = "folder") -> str:
   if not stat.S_ISDIR(st.st_mode): raise NotOwnedError(f"{what} {path} is not a folder: refused")
   _own(path, st, modes()[0])
   return path
+
+def private_dirs(path: str, what: str = "folder") -> str:
+  """private_dir of path, and first of each folder above it that does not exist yet (those that exist are left as they
+  are). Returns path."""
+  missing = [str(p) for p in Path(path).parents if not os.path.lexists(p)]
+  for p in reversed(missing): private_dir(p, what)
+  return private_dir(path, what)
 
 def open_private(path: str, flags: int, what: str = "file") -> int:
   """os.open(path, flags) that never follows a symlink and refuses a file of another account (the fd is closed
