@@ -2,7 +2,7 @@
 from __future__ import annotations
 import argparse, sys, time
 from pathlib import Path
-from oproute.logreader import MODES, ZSTD_MAGIC, LogReader, read_log_file, segment_number
+from oproute.logreader import MODES, ZSTD_MAGIC, CompressedDataError, LogReader, decompressed, segment_number
 from oproute.writer import finalize, unfinished
 
 QUIET_S = 5.   # a log written to more recently may still be recorded (the recorder flushes every 0.5 s by default)
@@ -11,7 +11,11 @@ def _cut_short(path: Path) -> bool:
   """A zstd log that ends inside a frame or is damaged, whatever its header says (a one-frame log copied in part)."""
   with open(path, "rb") as f:
     if f.read(4) != ZSTD_MAGIC: return False
-  return read_log_file(path)[1] is not None
+    f.seek(0)
+    try:
+      for _ in decompressed(f): pass
+    except CompressedDataError: return True
+  return False
 
 def _finalize(logs: list[Path]) -> None:
   """Each unfinished or cut-short zstd log of these logs' segments (rlog and qlog) rewritten as one frame of what reads;

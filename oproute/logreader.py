@@ -1,10 +1,12 @@
 """Reading openpilot routes: segments, log files and the events in them, with the LogReader API openpilot users know.
 
-Logs (rlog, qlog; zstd, bzip2 or plain) are Cap'n Proto Events back to back; what cannot be read (a cut, damaged data,
-bytes that are no whole Event) is reported in `warnings` with file and offset, never yielded. docs/CAMERAD.md.
+Logs (rlog, qlog; zstd, bzip2 or plain) are Cap'n Proto Events back to back, read as they decompress: memory holds a
+chunk and one message (MAX_MESSAGE at most), whatever the file's size. What cannot be read (a cut, damaged data, bytes
+that are no Event) ends the file's reading and is reported in `warnings` with file and offset. docs/CAMERAD.md.
 """
 from __future__ import annotations
-import bz2, enum, glob, io, logging, re, struct
+import bisect, bz2, enum, glob, io, logging, re, struct
+from operator import itemgetter
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Iterator
@@ -23,7 +25,23 @@ class ReadMode(enum.StrEnum):
   AUTO_INTERACTIVE = "i"   # openpilot asks before it falls back; nothing here prompts, so: as AUTO
 MODES = tuple(m.value for m in ReadMode)
 MAX_SEGMENTS = 512   # Cap'n Proto's own reader limit on segments per message
+# the largest message a log may hold: openpilot's logger writes what msgq carries, at most a third of its largest queue
+# (10 MiB: 3,495,240 bytes), and its own initData; 16 MiB leaves a margin of over 4
+MAX_MESSAGE = 16 << 20
+READ_CHUNK = 1 << 20     # bytes read (and decompressed) at a time
+ZSTD_INPUT = 1024        # compressed bytes per zstd call: a 4-byte zstd block can stand for 128 KiB, so at most 32 MiB come out
+ZSTD_WINDOW = 1 << 25    # the largest zstd window decoded: zstd's levels up to 20 (openpilot writes level 10: 4 MiB)
+SORT_EVENTS, SORT_BYTES = 50_000, 64 << 20   # sort_by_time holds twice as many events, and this many bytes
+_TIME = itemgetter(0)
 ZSTD_MAGIC, BZ2_MAGIC = b"\x28\xb5\x2f\xfd", b"BZh"
+WORD = struct.Struct("<Q")
+ONE_SEGMENT = struct.Struct("<II")   # a segment table's first word: (count - 1, the first segment's length in words)
+
+class NotAMessage(MalformedMessageError):
+  """Bytes where a log's next message starts that begin no Event: the log is read no further."""
+
+class CompressedDataError(ValueError):
+  """A log's compressed data is damaged or ends early: what it says, with how much decoded."""
 
 @dataclass(frozen=True)
 class UnknownEvent:
@@ -34,68 +52,109 @@ class UnknownEvent:
   def which(self) -> str: return "unknown"
 
 def message_length(buf: bytes | memoryview, pos: int = 0) -> int | None:
-  """Byte length of the Cap'n Proto message at buf[pos:] from its segment table; None if buf ends before the
-  table does or the table is implausible (so: not a message start)."""
+  """Byte length of the Cap'n Proto message at buf[pos:] from its segment table; None if buf ends before the table and
+  the root pointer do. NotAMessage for what begins no Event: a table of more than MAX_SEGMENTS segments, a length over
+  MAX_MESSAGE, a first segment of no words, a root that is null, no struct or an empty struct."""
   if len(buf) - pos < 8: return None
-  n = struct.unpack_from("<I", buf, pos)[0] + 1
-  if n > MAX_SEGMENTS: return None
-  head = (4 + 4 * n + 7) // 8 * 8
-  if len(buf) - pos < head: return None
-  return head + 8 * sum(struct.unpack_from(f"<{n}I", buf, pos + 4))
+  count, first = ONE_SEGMENT.unpack_from(buf, pos)
+  if count == 0: head, n = 8, 8 + 8 * first   # one segment, as every message a publisher builds
+  elif count >= MAX_SEGMENTS: raise NotAMessage(f"a segment table of {count + 1} segments (a message has at most {MAX_SEGMENTS})")
+  else:
+    head = (8 + 4 * count + 7) // 8 * 8
+    if len(buf) - pos < head: return None
+    n = head + 8 * sum(struct.unpack_from(f"<{count + 1}I", buf, pos + 4))
+  if n > MAX_MESSAGE: raise NotAMessage(f"a message of {n} bytes, over the cap of {MAX_MESSAGE} bytes on one (MAX_MESSAGE)")
+  if first == 0: raise NotAMessage("a message whose first segment is empty: no root pointer")
+  if len(buf) - pos < head + 8: return None
+  root = WORD.unpack_from(buf, pos + head)[0]
+  if root & 3 not in (0, 2) or root & 3 == 0 and root >> 32 == 0:   # a far pointer (2) is the parser's to follow
+    raise NotAMessage("a root that is no Event (null, an empty struct, a list or a capability)")
+  return n
 
-ONE_SEGMENT = struct.Struct("<II")   # a segment table of one segment: (count - 1 = 0, its length in words)
-
-def split_messages(data: bytes) -> tuple[list[tuple[int, bytes]], int]:
-  """(offset, message) for the whole messages back to back in data, and the number of bytes after the last one."""
-  out, pos, end, mv = [], 0, len(data), memoryview(data)
-  while pos < end:
-    # one segment, as every message a publisher builds: its length straight from the table
-    if end - pos >= 8 and (head := ONE_SEGMENT.unpack_from(data, pos))[0] == 0: n = 8 + 8 * head[1]
-    else: n = message_length(mv, pos)
-    if n is None or pos + n > end: break
-    out.append((pos, data[pos:pos + n]))
-    pos += n
-  return out, end - pos
-
-def read_log_file(path: str | Path) -> tuple[bytes, str | None]:
-  """The decompressed content of a log file (zstd, bzip2 or plain, told by its magic bytes) and a warning when the
-  compressed data ends early or is damaged (what came before it is returned)."""
-  with open(path, "rb") as f: return decompress(f)
-
-def decompress(f: BinaryIO) -> tuple[bytes, str | None]:
-  """read_log_file of an open binary file (or io.BytesIO)."""
+def decompressed(f: BinaryIO) -> Iterator[bytes]:
+  """The content of a log file (zstd, bzip2 or plain, told by its magic bytes), a chunk of about READ_CHUNK bytes at a
+  time whatever the compression ratio; where the compressed data is damaged or ends early, CompressedDataError after
+  the chunks before it."""
   head = f.read(4)
   f.seek(0)
-  if head == ZSTD_MAGIC: return _zstd_content(f)
-  data = f.read()
-  if not head.startswith(BZ2_MAGIC): return data, None
-  d, out = bz2.BZ2Decompressor(), []
+  if head == ZSTD_MAGIC: chunks = _zstd_chunks(f)
+  elif head.startswith(BZ2_MAGIC): chunks = _bz2_chunks(f)
+  else: chunks = iter(lambda: f.read(READ_CHUNK), b"")
+  batch, size, error = [], 0, None
   try:
-    while data:
-      out.append(d.decompress(data))
-      data = d.unused_data if d.eof else b""
-      if d.eof and data: d = bz2.BZ2Decompressor()
-  except OSError as e: return b"".join(out), f"compressed data is damaged after {sum(map(len, out))} bytes ({e})"
-  return b"".join(out), None if d.eof else f"compressed data ends early after {sum(map(len, out))} bytes"
+    for c in chunks:
+      batch.append(c)
+      if (size := size + len(c)) >= READ_CHUNK:
+        yield b"".join(batch)
+        batch, size = [], 0
+  except CompressedDataError as e: error = e
+  if batch: yield b"".join(batch)
+  if error: raise error
 
-def _zstd_content(f: BinaryIO) -> tuple[bytes, str | None]:
-  """read_log_file of a zstd file: one frame (a closed segment) or several (one cut short while recording), decoded
-  frame by frame so that a file ending inside a frame is told apart from one ending after it (zstd's streaming reader
-  returns the same bytes for both, silently)."""
-  out, d, read, frame_at = [], zstd.ZstdDecompressor().decompressobj(), 0, 0
-  try:
-    while chunk := f.read(1 << 20):
-      read += len(chunk)
-      while chunk:
-        out.append(d.decompress(chunk))
+def _zstd_chunks(f: BinaryIO) -> Iterator[bytes]:
+  """A zstd file's content, frame by frame (a closed segment is one frame, one cut short while recording several), so
+  that a file ending inside a frame is told apart from one ending after it (zstd's streaming reader returns the same
+  bytes for both, silently); ZSTD_INPUT compressed bytes at a time, so that no call returns more than 32 MiB."""
+  new = zstd.ZstdDecompressor(max_window_size=ZSTD_WINDOW).decompressobj
+  d, read, frame_at, out = new(), 0, 0, 0
+  while block := f.read(READ_CHUNK):
+    mv = memoryview(block)
+    for i in range(0, len(block), ZSTD_INPUT):
+      piece, end = mv[i:i + ZSTD_INPUT], min(read + i + ZSTD_INPUT, read + len(block))
+      while piece:
+        try: chunk = d.decompress(piece)
+        except zstd.ZstdError as e: raise CompressedDataError(f"compressed data is damaged after {out} bytes ({e})") from None
+        if chunk:
+          out += len(chunk)
+          yield chunk
         if not d.eof: break
-        chunk, frame_at = d.unused_data, read - len(d.unused_data)   # the next frame starts in this chunk
-        d = zstd.ZstdDecompressor().decompressobj()
-  except zstd.ZstdError as e:
-    return b"".join(out), f"compressed data is damaged after {sum(map(len, out))} bytes ({e})"
+        piece, frame_at, d = d.unused_data, end - len(d.unused_data), new()   # the next frame starts in this piece
+    read += len(block)
   if read > frame_at:   # the last frame started was not ended
-    return b"".join(out), f"compressed data ends early after {sum(map(len, out))} bytes: the zstd frame at byte {frame_at} of the file is cut short"
-  return b"".join(out), None
+    raise CompressedDataError(f"compressed data ends early after {out} bytes: the zstd frame at byte {frame_at} of the file is cut short")
+
+def _bz2_chunks(f: BinaryIO) -> Iterator[bytes]:
+  """A bzip2 file's content (one stream or several back to back), at most READ_CHUNK bytes a call."""
+  d, data, out = bz2.BZ2Decompressor(), b"", 0
+  while True:
+    if d.eof:
+      if not (data := d.unused_data or f.read(READ_CHUNK)): return
+      d = bz2.BZ2Decompressor()
+    elif d.needs_input and not (data := f.read(READ_CHUNK)):
+      raise CompressedDataError(f"compressed data ends early after {out} bytes")
+    try: chunk = d.decompress(data, READ_CHUNK)
+    except OSError as e: raise CompressedDataError(f"compressed data is damaged after {out} bytes ({e})") from None
+    data, out = b"", out + len(chunk)
+    if chunk: yield chunk
+
+class LogStream:
+  """The whole messages of one log, read as it decompresses: iterating gives (offset, bytes) of each in order. Reading
+  ends at bytes that begin no message (NotAMessage) or at compressed data that is damaged or cut: `problem` then says
+  what and where. `messages` counts the messages read, `rest` the bytes after the last that are no whole message."""
+  def __init__(self, f: BinaryIO):
+    self.f, self.problem, self.messages, self.rest, self.end = f, None, 0, 0, 0   # end: the offset after the last message
+
+  def __iter__(self) -> Iterator[tuple[int, bytes]]:
+    pending, need, pos = [], 8, 0
+    try:
+      for chunk in decompressed(self.f):
+        pending.append(chunk)
+        if (have := self.rest + len(chunk)) < need:
+          self.rest = have
+          continue
+        data, pos = b"".join(pending) if len(pending) > 1 else chunk, 0
+        while (n := message_length(data, pos)) is not None and pos + n <= len(data):
+          yield self.end + pos, data[pos:pos + n]
+          pos, self.messages = pos + n, self.messages + 1
+        pending, self.rest, need, self.end, pos = [data[pos:]], len(data) - pos, n or len(data) - pos + 1, self.end + pos, 0
+    except NotAMessage as e:
+      self.problem, self.end, self.rest = f"not a log from offset {self.end + pos}: {e}; read the {self.messages} messages before it", self.end + pos, 0
+    except CompressedDataError as e: self.problem = str(e)
+
+  def problems(self) -> list[str]:
+    """What ended the reading early, then what is left after the last whole message: each with its offset."""
+    return [p for p in (self.problem, self.rest and f"{self.rest} bytes from offset {self.end} are not a whole message (cut short, "
+                        f"or not a log); read the {self.messages} messages before them") if p]
 
 def segment_number(p: Path) -> int:
   m = re.search(r"--(\d+)$", p.name)
@@ -232,38 +291,58 @@ class LogReader:
   def from_bytes(cls, dat: bytes, **kwargs) -> LogReader:
     """The events of a log's bytes: zstd, bzip2 or plain, as a log file."""
     lr = cls(None, **kwargs)
-    lr._data, lr._data_problem = decompress(io.BytesIO(dat))
+    lr._data = dat
     return lr
 
   def _warn(self, msg: str) -> None:
     self.warnings.append(msg)
     if self.log_warnings: logger.warning("%s", msg)
 
-  def _events(self, name: str, data: bytes) -> Iterator[tuple[bytes, object]]:
-    msgs, rest = split_messages(data)
-    if rest: self._warn(f"{name}: {rest} bytes from offset {len(data) - rest} are not a whole message (cut short, or not a log); "
-                        f"read the {len(msgs)} messages before them")
-    out = []
-    for off, dat in msgs:
-      try: ev = log_from_bytes(dat)
+  def _parsed(self, name: str, stream: LogStream) -> Iterator[tuple[bytes, object]]:
+    """(bytes, event) of each message; the first that is no Event ends the file, as openpilot's LogReader stops at its
+    first corrupt event (what follows it cannot be told from garbage)."""
+    for off, dat in stream:
+      try: yield dat, log_from_bytes(dat)
       except UnknownMemberError as e:
-        if self.only_union_types: continue
-        ev = UnknownEvent(e.logMonoTime, e.valid, dat)
+        if not self.only_union_types: yield dat, UnknownEvent(e.logMonoTime, e.valid, dat)
       except MalformedMessageError as e:
-        self._warn(f"{name}: message at offset {off} skipped: {e}")
-        continue
-      out.append((dat, ev))
-    if self.sort_by_time: out.sort(key=lambda x: x[1].logMonoTime)
-    yield from out
+        self._warn(f"{name}: not a log from offset {off}: a message that is no Event ({e}); read the {stream.messages - 1} messages before it")
+        return
+
+  def _events(self, name: str, f: BinaryIO) -> Iterator[tuple[bytes, object]]:
+    stream = LogStream(f)
+    events = self._parsed(name, stream)
+    if self.sort_by_time: events = self._sorted(name, events)
+    yield from events
+    for p in stream.problems(): self._warn(f"{name}: {p}")
+
+  def _sorted(self, name: str, events: Iterator[tuple[bytes, object]]) -> Iterator[tuple[bytes, object]]:
+    """events in logMonoTime order (of equal times, in file order) as a sort of the whole file gives them wherever no
+    event is SORT_EVENTS events (or half of SORT_BYTES) from its place, holding twice that at most: the held events are
+    sorted and the earlier half goes out. A logger writes each event within a fraction of a second of its time; one
+    further out of order comes out late, counted in a warning."""
+    held, size, last, late = [], 0, -1, 0
+    def earliest(n: int) -> list:
+      nonlocal held, size, last, late
+      held.sort(key=_TIME)
+      out, held = held[:n], held[n:]
+      size -= sum(len(dat) for _, dat, _ in out)
+      late += bisect.bisect_left(out, last, key=_TIME)   # those before what already went out
+      last = max(last, out[-1][0]) if out else last
+      return out
+    for dat, ev in events:
+      held.append((ev.logMonoTime, dat, ev))
+      size += len(dat)
+      if len(held) >= 2 * SORT_EVENTS or size > SORT_BYTES:
+        for _, dat, ev in earliest(len(held) // 2): yield dat, ev
+    for _, dat, ev in earliest(len(held)): yield dat, ev
+    if late: self._warn(f"{name}: {late} events further out of time order than {SORT_EVENTS} events or {SORT_BYTES >> 21} MiB: "
+                        f"read after later ones")
 
   def raw(self) -> Iterator[tuple[bytes, object]]:
-    if self._data is not None:
-      if self._data_problem: self._warn(f"<bytes>: {self._data_problem}")
-      yield from self._events("<bytes>", self._data)
+    if self._data is not None: yield from self._events("<bytes>", io.BytesIO(self._data))
     for f in self.files:
-      data, problem = read_log_file(f)
-      if problem: self._warn(f"{f}: {problem}")
-      yield from self._events(str(f), data)
+      with open(f, "rb") as fh: yield from self._events(str(f), fh)
 
   def __iter__(self) -> Iterator[object]:
     for _, ev in self.raw(): yield ev

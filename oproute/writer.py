@@ -10,7 +10,10 @@ from pathlib import Path
 import zstandard as zstd
 from cereal import messaging
 from cereal.services import SERVICES
-from oproute.logreader import ZSTD_MAGIC, read_log_file, split_messages
+from oproute.logreader import ZSTD_MAGIC, LogStream
+from service.owned import open_private, private_dir, private_dirs
+
+WRITE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
 
 FINAL_LEVEL = 10   # zstd level of a closed segment's logs (openpilot's); 3 while recording, for speed
 
@@ -32,20 +35,31 @@ def unfinished(path: Path) -> bool:
   try: return zstd.frame_content_size(head) == -1
   except zstd.ZstdError: return True
 
+def private_file(path: Path) -> int:
+  """A new file of a route (its folder one of ours), for writing: 0600 whatever the umask (owned.open_private)."""
+  return open_private(str(path), WRITE, "route file")
+
 def finalize(path: Path, repair: bool = False) -> str | None:
-  """Rewrite a zstd log as one frame with its content size, atomically (a crash meanwhile leaves the old file). Damaged
-  data is an OSError, or with repair what reads is kept, cut to whole messages, and the damage is returned."""
-  data, problem = read_log_file(path)
+  """Rewrite a zstd log as one frame of its whole messages with its content size, atomically (a crash meanwhile leaves
+  the old file), read twice as it decompresses (the size first). What does not read is an OSError, or with repair what
+  reads is kept and what does not is returned."""
+  with open(path, "rb") as f:
+    stream = LogStream(f)
+    size = sum(len(m) for _, m in stream)
+  problem = stream.problem or (stream.rest and f"{stream.rest} bytes of a partial message at the end dropped") or None
   if problem and not repair: raise OSError(f"{path}: {problem}")
-  if repair and (cut := split_messages(data)[1]): data, problem = data[:len(data) - cut], problem or f"{cut} bytes of a partial message at the end dropped"
   tmp = path.with_name(path.name + ".tmp")
   try:
-    with open(tmp, "wb") as f:
-      f.write(zstd.ZstdCompressor(level=FINAL_LEVEL, write_checksum=True).compress(data))
+    with open(path, "rb") as src, os.fdopen(private_file(tmp), "wb") as f:
+      with zstd.ZstdCompressor(level=FINAL_LEVEL, write_checksum=True).stream_writer(f, size=size, closefd=False) as z:
+        written = 0
+        for _, m in LogStream(src):
+          if (written := written + len(m)) > size: break   # the file grew meanwhile: what was counted
+          z.write(m)
       f.flush()
       os.fsync(f.fileno())
     os.replace(tmp, path)
-  except OSError:   # a full disk, say: the log stays as it was, a sequence of frames
+  except BaseException:   # a full disk, say: the log stays as it was, a sequence of frames
     tmp.unlink(missing_ok=True)
     raise
   return problem
@@ -54,7 +68,7 @@ class LogFile:
   """One zstd log being written: write() compresses, flush() ends a frame and hands it to the OS (from then on it
   survives a crash), close() finalizes it."""
   def __init__(self, path: Path):
-    self.path, self.f = path, open(path, "wb")
+    self.path, self.f = path, os.fdopen(private_file(path), "wb")
     self.z = zstd.ZstdCompressor(level=3, write_checksum=True).stream_writer(self.f, closefd=False)
 
   def write(self, dat: bytes) -> None: self.z.write(dat)
@@ -73,7 +87,7 @@ class RouteWriter:
   as the services table's decimation says (counted over the whole route, as openpilot's logger does)."""
   def __init__(self, path: Path):
     self.path = Path(path)
-    self.path.mkdir(parents=True, exist_ok=True)
+    private_dirs(str(self.path), "route folder")
     if any(self.path.glob(f"{self.path.name}--*")): raise FileExistsError(f"route {self.path} already has segments; choose a new route folder")
     self.logs: dict[int, tuple[LogFile, LogFile]] = {}
     self.qlog_count: dict[str, int] = {}
@@ -82,7 +96,7 @@ class RouteWriter:
 
   def open_segment(self, n: int) -> Path:
     d = self.segment_dir(n)
-    d.mkdir(exist_ok=True)
+    private_dir(str(d), "segment folder")
     self.logs[n] = LogFile(d / "rlog.zst"), LogFile(d / "qlog.zst")
     init = init_data()
     for f in self.logs[n]: f.write(init)

@@ -1,15 +1,23 @@
 """modeld-record as a real process over real pub/sub, and LogReader on what it wrote (and on damaged files)."""
-import bz2, gc, json, os, re, signal, subprocess, sys, time
+import bz2, gc, io, json, os, re, signal, subprocess, sys, time
 from pathlib import Path
 import pytest
 import zstandard as zstd
 from cereal import messaging
 from cereal.services import SERVICES
 from tests.daemon_harness import Notify
-from oproute.logreader import LogReader, UnknownEvent, log_files, read_log_file, segment_dirs, split_messages
+from oproute.logreader import CompressedDataError, LogReader, LogStream, UnknownEvent, decompressed, log_files, segment_dirs
 from oproute.writer import LogFile
 
 LOG_NAME = "rlog.zst"
+
+def read_log_file(path: Path) -> tuple[bytes, str | None]:
+  """The decompressed bytes of a log file, and what ended them early (damaged or cut compressed data)."""
+  out = []
+  with open(path, "rb") as f:
+    try: out.extend(decompressed(f))
+    except CompressedDataError as e: return b"".join(out), str(e)
+  return b"".join(out), None
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -298,12 +306,20 @@ def test_finalize_repairs_what_a_crash_left(tmp_path):
   r = subprocess.run([sys.executable, "-m", "oproute", f"{route}/0:4:0"], cwd=ROOT, capture_output=True, text=True, timeout=60)
   assert r.returncode == 1 and r.stderr == f"python -m oproute: {route}/0:4:0: not a segment range (slice step cannot be zero)\n", r.stderr
 
-def test_split_messages_framing():
+def test_log_stream_framing():
   msgs = [car(1), calib(2), car(3)]
   blob, offsets = b"".join(msgs), [0, len(msgs[0]), len(msgs[0]) + len(msgs[1])]
-  assert split_messages(blob) == (list(zip(offsets, msgs)), 0)
-  assert split_messages(blob[:-3]) == (list(zip(offsets, msgs))[:2], len(msgs[2]) - 3)
-  assert split_messages(b"\xff\xff\xff\xff" + blob) == ([], len(blob) + 4)   # implausible segment count: no message
+  def read(data: bytes) -> tuple[list, LogStream]:
+    s = LogStream(io.BytesIO(data))
+    return list(s), s
+  got, s = read(blob)
+  assert got == list(zip(offsets, msgs)) and s.problems() == [] and s.messages == 3
+  got, s = read(blob[:-3])
+  assert got == list(zip(offsets, msgs))[:2] and s.rest == len(msgs[2]) - 3 and s.problem is None
+  assert s.problems() == [f"{len(msgs[2]) - 3} bytes from offset {offsets[2]} are not a whole message (cut short, or not a log); read the 2 messages before them"]
+  got, s = read(b"\xff\xff\xff\xff" + blob)   # implausible segment count: no message, and nothing read after it
+  assert got == [] and s.problems() == ["not a log from offset 0: a segment table of 4294967296 segments (a message has at most 512); "
+                                        "read the 0 messages before it"]
 
 def test_compressions_bad_bytes_and_unknown_events(tmp_path):
   """zstd, bzip2 and plain logs read alike; bytes that are not an Event are reported with file and offset, never
