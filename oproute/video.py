@@ -4,6 +4,7 @@ dcamera.hevc driver), tied to frame ids by EncodeIndex events (roadEncodeIdx, ..
 layout; encoding writes raw HEVC with no B-frames (decode order is presentation order) and a keyframe first.
 """
 from __future__ import annotations
+import io, os
 from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
@@ -15,13 +16,20 @@ from cereal import messaging
 from cereal.services import CAMERAS, SERVICES
 from msgq.visionipc.layout import NV12Layout
 from oproute.logreader import segment_number
+from oproute.writer import private_file
 
-MAX_BAD_PACKETS = 100     # consecutive undecodable packets before a video counts as undecodable, not merely damaged
+MAX_BAD_PACKETS = 100     # packets in a row that give no picture (undecodable, or decoding to none) before a video counts as no video
+MAX_PIXELS = 4096 * 2304  # the largest picture decoded (4K and DCI 4K; openpilot's cameras are 1928x1208): FFmpeg's max_pixels
+MAX_GAP = 32 << 20        # bytes FFmpeg may read from a file before the next packet comes out (a demuxer finding none in garbage
+                          # would read, and hold, the whole file)
+MAX_NALS = 1000           # NAL units in a row that start no picture (HEVC allows a picture 600 slices, plus parameter sets and SEI)
+HEVC_FIRST_NALS = {32, 33, 34, 35, 39}   # an HEVC stream starts with a VPS, SPS, PPS, access unit delimiter or SEI
 # openpilot's cameras run at the rate of their camera states (one per frame), all at one rate (the unpacking fails if the
 # services table ever says otherwise): videos are written at it, and read at it when they have no rate of their own (raw HEVC)
 (DEFAULT_FPS,) = {SERVICES[c.state].frequency for c in CAMERAS.values()}
 # FFmpeg's demuxers of raw H.265/H.264 streams: no container, no timestamps; the rate they report is their own default (25)
 RAW_FORMATS = {"hevc", "h264"}
+ROUTE_FORMAT = "hevc"   # a route's camera files are raw HEVC: read as nothing else, whatever their bytes look like
 KEYFRAME_FLAG = 0x8       # EncodeIndex.flags of a keyframe (V4L2's keyframe buffer flag, as openpilot's encoder sets)
 ENCODE_IDX_OF = {c.encode_idx: name for name, c in CAMERAS.items()}
 
@@ -46,57 +54,118 @@ def fill_frame(frame: av.VideoFrame, out: np.ndarray, layout: NV12Layout) -> Non
   else:
     u[...], v[...] = plane(1, h // 2, w // 2), plane(2, h // 2, w // 2)
 
+class BoundedVideoFile(io.RawIOBase):
+  """A video file as FFmpeg reads it, refused (VideoError naming the file and the byte) where FFmpeg would hold more
+  than a few pictures' worth of it: MAX_GAP bytes read without a packet coming out (mark() says one did), and in an
+  Annex B stream (raw HEVC or H.264: the file starts with a start code) MAX_NALS NAL units in a row that start no
+  picture (FFmpeg's parser keeps a few KiB for each NAL unit of the packet it builds)."""
+  def __init__(self, path: str):
+    self.path, self.f, self.since = path, open(path, "rb", buffering=0), 0
+    head = self.f.read(8)
+    self.f.seek(0)
+    start = 3 if head.startswith(b"\x00\x00\x01") else 4 if head.startswith(b"\x00\x00\x00\x01") else 0
+    self.hevc = start and (head[start] >> 1) & 0x3f in HEVC_FIRST_NALS   # else H.264's NAL header
+    self.annex_b, self.tail, self.nals = bool(start), b"", 0
+
+  def readable(self) -> bool: return True
+  def seekable(self) -> bool: return True
+  def tell(self) -> int: return self.f.tell()
+  def mark(self) -> None: self.since = 0
+
+  def seek(self, offset: int, whence: int = 0) -> int:
+    self.tail = b""   # the bytes read next are not those after the tail
+    return self.f.seek(offset, whence)
+
+  def readinto(self, b) -> int:
+    if self.since >= MAX_GAP:
+      raise VideoError(f"{self.path}: no video packet in the {self.since} bytes read up to byte {self.f.tell()} "
+                       f"(MAX_GAP: {MAX_GAP >> 20} MiB at most): not a video FFmpeg can split into pictures")
+    at, n = self.f.tell(), self.f.readinto(b)
+    self.since += n
+    if self.annex_b and n: self._count_nals(bytes(memoryview(b)[:n]), at)
+    return n
+
+  def _count_nals(self, chunk: bytes, at: int) -> None:
+    data, base, i = self.tail + chunk, at - len(self.tail), 0
+    while (p := data.find(b"\x00\x00\x01", i)) >= 0 and p + 6 <= len(data):
+      h = data[p + 3:p + 6]
+      if (h[0] >> 1 & 0x3f < 32 and h[2] & 0x80) if self.hevc else (h[0] & 0x1f in (1, 5) and h[1] & 0x80): self.nals = 0   # a picture's first slice
+      elif (n := self.nals + 1) > MAX_NALS:
+        raise VideoError(f"{self.path}: {n} NAL units in a row up to byte {base + p} start no picture (MAX_NALS: {MAX_NALS} "
+                         f"at most): not a video stream")
+      else: self.nals = n
+      i = p + 3
+    self.tail = data[p if p >= 0 else max(i, len(data) - 2):]   # a start code the chunk's end cut, or its first bytes
+
+  def close(self) -> None:
+    self.f.close()
+    super().close()
+
 class VideoDecoder:
   """Decoded frames of one video file or V4L2 device. Damaged packets are skipped and counted in `skipped`; so many in
-  a row that nothing decodes is a VideoError. threads: decoder threads (0: as many as FFmpeg sees fit; 1 for a worker
-  that is meant to keep to one core). Threads share a picture's slices (or rows), never pictures: frame threads hold
-  a picture back per thread (late live frames) and, past a damaged one, drop the pictures one thread decodes."""
-  def __init__(self, path: str | Path, skipped: Counter, fmt: str | None = None, options: dict | None = None, threads: int = 0):
+  a row that nothing decodes is a VideoError, as are pictures over MAX_PIXELS and a file FFmpeg would hold too much of
+  (BoundedVideoFile). threads: decoder threads (0: as many as FFmpeg sees fit; 1 for a worker that is meant to keep to
+  one core). Threads share a picture's slices (or rows), never pictures: frame threads hold a picture back per thread
+  (late live frames) and, past a damaged one, drop the pictures one thread decodes."""
+  def __init__(self, path: str | Path, skipped: Counter, fmt: str | None = None, threads: int = 0):
     self.path, self.skipped = str(path), skipped
-    try: self.container = av.open(self.path, format=fmt, options=options or {})
-    except (av.FFmpegError, OSError) as e: raise VideoError(f"{path}: cannot open as video ({e})") from None
+    self.file = None if fmt == "v4l2" else BoundedVideoFile(self.path)   # a device is read by its driver's frames
+    limit = {"max_pixels": str(MAX_PIXELS)}   # for the pictures FFmpeg decodes while it opens the file
+    try: self.container = av.open(self.file or self.path, format=fmt, options=limit)
+    except (av.FFmpegError, OSError) as e:
+      self.close()
+      raise VideoError(f"{path}: cannot open as video ({e})") from None
+    except BaseException:
+      self.close()
+      raise
     if not self.container.streams.video:
-      self.container.close()
+      self.close()
       raise VideoError(f"{path}: no video stream (streams: {[s.type for s in self.container.streams] or 'none'})")
     self.stream = st = self.container.streams.video[0]
-    st.thread_type, st.codec_context.thread_count = "SLICE", threads
+    st.thread_type, st.codec_context.thread_count, st.codec_context.options = "SLICE", threads, limit
     self.width, self.height = st.codec_context.width, st.codec_context.height
-    if self.width <= 0 or self.height <= 0 or self.width % 2 or self.height % 2:
-      self.container.close()
+    if self.width <= 0 or self.height <= 0 or self.width % 2 or self.height % 2 or self.width * self.height > MAX_PIXELS:
+      self.close()
       raise VideoError(f"{path}: no picture size in it (empty, or cut before its first picture)" if not self.width * self.height else
+                       f"{path}: video is {self.width}x{self.height}, over the {MAX_PIXELS} pixels decoded at most (MAX_PIXELS)"
+                       if self.width * self.height > MAX_PIXELS else
                        f"{path}: video is {self.width}x{self.height}; NV12 buffers need a positive even width and height")
     rate = None if self.container.format.name in RAW_FORMATS else st.average_rate or st.guessed_rate or st.base_rate
     self.fps = float(rate) if rate and 0 < float(rate) < 1000 else DEFAULT_FPS
 
   def frames(self) -> Iterator[av.VideoFrame]:
     bad = packets_in = pictures = 0   # a packet holds one picture: the decoder drops some unsaid, counted at the end
-    packets = self.container.demux(self.stream)
+    packets, why = self.container.demux(self.stream), "none decoded to a picture"
     while True:
       try: packet = next(packets)
       except StopIteration: break
       except av.FFmpegError as e:   # a container cut short or damaged past repair: the frames so far are all there is
         self.skipped[f"{self.path}: unreadable from here ({e})"] += 1
         break
+      if self.file: self.file.mark()
       try: decoded = packet.decode()
       except av.FFmpegError as e:
-        bad += 1
+        decoded, why = [], f"{type(e).__name__}: {e}"
         self.skipped[f"{self.path}: undecodable packet ({type(e).__name__})"] += 1
-        if bad >= MAX_BAD_PACKETS: raise VideoError(f"{self.path}: {bad} packets in a row failed to decode ({e})") from None
-        continue
       packets_in += packet.size > 0
+      bad += packet.size > 0
       for frame in decoded:
         bad, pictures = 0, pictures + 1
         if (frame.width, frame.height) != (self.width, self.height):
           self.skipped[f"{self.path}: frame of {frame.width}x{frame.height} in a {self.width}x{self.height} stream"] += 1
           continue
         yield frame
+      if bad >= MAX_BAD_PACKETS:
+        raise VideoError(f"{self.path}: {bad} packets in a row up to byte {packet.pos} gave no picture ({why})")
     if (lost := packets_in - pictures) > 0: self.skipped[f"{self.path}: packet decoded to no picture"] += lost
 
-  def close(self) -> None: self.container.close()
+  def close(self) -> None:
+    if (c := getattr(self, "container", None)) is not None: c.close()
+    if self.file is not None: self.file.close()
 
-def video_size(path: Path) -> tuple[int, int]:
+def video_size(path: Path, fmt: str | None = None) -> tuple[int, int]:
   """(width, height) of a video file; VideoError if it does not open."""
-  d = VideoDecoder(path, Counter())
+  d = VideoDecoder(path, Counter(), fmt)
   d.close()
   return d.width, d.height
 
@@ -139,14 +208,14 @@ class CameraVideo:
   def size(self) -> tuple[int, int]:
     """(width, height) of the first video file; VideoError if there is none that opens."""
     if not (files := self.files()): raise VideoError(f"no {CAMERAS[self.camera].video} for the {self.camera} camera's indexed frames")
-    return video_size(files[0])
+    return video_size(files[0], ROUTE_FORMAT)
 
   def _open(self, seg: int) -> None:
     self.close()
     self._seg = seg
     path = self.segments.get(seg, Path(f"<segment {seg}>")) / CAMERAS[self.camera].video
     try:
-      self._dec = VideoDecoder(path, self.skipped, threads=self.threads)
+      self._dec = VideoDecoder(path, self.skipped, ROUTE_FORMAT, threads=self.threads)
       self._frames = self._dec.frames()
     except VideoError as e: self.skipped[str(e)] += 1
 
@@ -211,7 +280,8 @@ class HevcWriter:
   whose packets came out, for their EncodeIndex events; close() returns the rest. lossless: x265's lossless mode (a
   replay serves the very same pixels)."""
   def __init__(self, path: Path, width: int, height: int, fps: float = DEFAULT_FPS, keyint: int = 20, lossless: bool = False):
-    self.container = av.open(str(path), "w", format="hevc")
+    self.file = os.fdopen(private_file(path), "wb", buffering=0)   # 0600 whatever the umask: a recording is the driver's
+    self.container = av.open(self.file, "w", format="hevc")
     st = self.stream = self.container.add_stream("libx265", rate=Fraction(round(fps * 1000), 1000))
     st.width, st.height, st.pix_fmt = width, height, "yuv420p"
     params = f"log-level=error:bframes=0:keyint={keyint}:min-keyint={keyint}:scenecut=0" + (":lossless=1" if lossless else "")
@@ -236,6 +306,8 @@ class HevcWriter:
     return out
 
   def close(self) -> list[EncodedFrame]:
-    out = self._mux(self.stream.encode())
-    self.container.close()
+    try: out = self._mux(self.stream.encode())
+    finally:
+      try: self.container.close()
+      finally: self.file.close()
     return out
