@@ -316,7 +316,8 @@ def test_log_stream_framing():
   assert got == list(zip(offsets, msgs)) and s.problems() == [] and s.messages == 3
   got, s = read(blob[:-3])
   assert got == list(zip(offsets, msgs))[:2] and s.rest == len(msgs[2]) - 3 and s.problem is None
-  assert s.problems() == [f"{len(msgs[2]) - 3} bytes from offset {offsets[2]} are not a whole message (cut short, or not a log); read the 2 messages before them"]
+  assert s.problems() == [f"{len(msgs[2]) - 3} bytes from offset {offsets[2]} are not a whole message (cut short, or not a log); "
+                          "read the 2 messages before them"]
   got, s = read(b"\xff\xff\xff\xff" + blob)   # implausible segment count: no message, and nothing read after it
   assert got == [] and s.problems() == ["not a log from offset 0: a segment table of 4294967296 segments (a message has at most 512); "
                                         "read the 0 messages before it"]
