@@ -10,7 +10,8 @@ from pathlib import Path
 from service import reader_left
 from service.extras import needs_extra
 
-HELP = """  modeld-batch ROUTE... --artifacts DIR --out DIR [--workers N] [--threads N] [--gpus-per-worker F] [--address ADDR] [--resume]
+HELP = """  modeld-batch ROUTE... --artifacts DIR --out DIR [--workers N] [--threads N] [--batch-frames N] [--gpus-per-worker F] [--address ADDR]
+                      [--resume]
   modeld-batch diff OUT_A OUT_B [--top N]
 
 One Ray task per segment, served by long-lived actors (one per worker) that load the artifacts once, as a daemon does.
@@ -177,6 +178,10 @@ def run(args) -> int:
     device = args.device or arts["road"].manifest["target"]["device"]
     if args.gpus_per_worker is None: args.gpus_per_worker = 0. if device.split(":")[0] == "CPU" else 1.
     check_layouts(todo, arts)
+    for art in arts.values():
+      if args.batch_frames not in art.batches:
+        raise ValueError(f"--batch-frames {args.batch_frames}: {art.dir} has batches of {', '.join(map(str, art.batches))} frames; "
+                         f"build it with: {art.rebuild_command(extra_batch=args.batch_frames)}")
     if args.address: check_cluster(args.address)
     # ray.init() would set its own SIGTERM handler (sys.exit, wherever its start-up is), its core worker a native one
     # (a crash dump on stderr): ours stays, and replaces the native one after
@@ -208,9 +213,9 @@ def run(args) -> int:
           file=sys.stderr)
     # no restart by Ray, no retry of a call: a lost worker is replaced at once by a new one, wherever a core is free,
     # and the pool, not Ray, counts what its loss costs (Ray's retries all go to the dead worker's address)
-    pool = Pool(lambda: SegmentWorker.options(num_cpus=args.threads, num_gpus=args.gpus_per_worker, max_restarts=0, max_task_retries=0)
-                .remote(str(args.artifacts), args.threads, device),
-                min(n_workers, len(todo)) or 1, list(todo), lambda line: tqdm.write(line, file=sys.stderr))
+    pool = Pool(lambda: SegmentWorker.options(num_cpus=args.threads, num_gpus=args.gpus_per_worker, max_restarts=0, max_task_retries=0,
+                                              max_concurrency=args.batch_frames).remote(str(args.artifacts), args.threads, device, args.batch_frames),
+                min(n_workers, -(-len(todo) // args.batch_frames)) or 1, list(todo), lambda line: tqdm.write(line, file=sys.stderr), args.batch_frames)
     with tqdm(total=len(jobs), initial=len(done), unit="segment", desc="modeld-batch", disable=args.quiet) as bar:
       while pool.queue or pool.pending:
         pool.dispatch()
@@ -341,6 +346,9 @@ def cli(argv: list[str] | None) -> int:
                   "machine, or of the cluster's nodes with --address, hold)")
   ap.add_argument("--threads", type=int, default=1, metavar="N", help="cores per worker: Ray gives it N, and its models' kernels and "
                   "video decoding run on N threads (default 1)")
+  ap.add_argument("--batch-frames", type=int, default=1, metavar="N", help="segments a worker runs side by side, their frames through "
+                  "one batched build of each model (modeld-compile --batch N; outputs within docs/BATCH.md's tolerance of one at a "
+                  "time; default 1: one at a time, as the daemons)")
   ap.add_argument("--address", metavar="ADDR", help="join this Ray cluster (e.g. auto, or ray://head:10001) instead of starting a local Ray")
   ap.add_argument("--device", help="tinygrad device of the workers (default: the artifact's)")
   ap.add_argument("--gpus-per-worker", type=float, metavar="F", help="GPUs Ray gives each worker, a fraction to share a card "
@@ -350,6 +358,7 @@ def cli(argv: list[str] | None) -> int:
   args = ap.parse_args(argv)
   if args.workers is not None and args.workers < 1: ap.error(f"--workers: expected >= 1, got {args.workers}")
   if args.threads < 1: ap.error(f"--threads: expected >= 1, got {args.threads}")
+  if args.batch_frames < 1: ap.error(f"--batch-frames: expected >= 1, got {args.batch_frames}")
   if args.gpus_per_worker is not None and not 0 <= args.gpus_per_worker <= 64:
     ap.error(f"--gpus-per-worker: expected 0 <= F <= 64, got {args.gpus_per_worker:g}")
   try: return run(args)

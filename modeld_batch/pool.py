@@ -19,10 +19,10 @@ class Worker:
   actor: Any
   starts: int                   # starts lost in a row in its place before it (a ready worker's replacement: 0)
   where: str = ""               # "pid N on IP", once ready
-  jobs: list = field(default_factory=list)   # the segments sent to it, in order: the first one is running
+  jobs: list = field(default_factory=list)   # the segments sent to it, in order: the first (Pool.slots) are running
   lost: bool = False
   why: str = ""                 # once lost: why (loss_reason)
-  running: Any = None           # once lost: the segment it was running, the one whose run its loss costs
+  running: list = field(default_factory=list)   # once lost: the segments it was running, those whose runs its loss costs
 
 def loss_reason(e: RayActorError) -> str:
   """Why a worker was lost, in words that add up over workers (Ray's own message names the actor and its address)."""
@@ -33,11 +33,12 @@ def loss_reason(e: RayActorError) -> str:
 class Pool:
   """Segments go to ready workers, two at a time each while more wait than there are workers (the second starts as the
   first ends, without a round trip through the driver); near the end one at a time, so none waits behind a long one
-  while another worker idles. A worker is lost when a call to it fails for its process or node (not for its
+  while another worker idles. A worker of `slots` (modeld-batch --batch-frames) runs that many at a time: each count
+  above is per slot. A worker is lost when a call to it fails for its process or node (not for its
   segment: a segment's own error is its result): every call to it still out then fails too, and none of those counts
   again. A worker that keeps dying while it starts (RETRIES + 1 times in a row in its place) is not replaced."""
-  def __init__(self, new_actor: Callable[[], Any], n: int, queue: list, log: Callable[[str], None]):
-    self.new_actor, self.queue, self.log = new_actor, queue, log
+  def __init__(self, new_actor: Callable[[], Any], n: int, queue: list, log: Callable[[str], None], slots: int = 1):
+    self.new_actor, self.queue, self.log, self.slots = new_actor, queue, log, slots
     self.ready: list[Worker] = []
     self.starting: dict[Any, Worker] = {}             # where() call -> its worker
     self.pending: dict[Any, tuple[Worker, Any]] = {}  # replay() call -> its worker and segment
@@ -55,7 +56,7 @@ class Pool:
   def dispatch(self) -> None:
     while self.queue and self.ready:
       w = min(self.ready, key=lambda w: len(w.jobs))
-      if len(w.jobs) >= (2 if len(self.queue) > len(self.ready) else 1): break
+      if len(w.jobs) >= self.slots * (2 if len(self.queue) > len(self.ready) * self.slots else 1): break
       w.jobs.append(j := self.queue.pop(0))
       if j.out in self.lost_why: self.reruns.append((j.route, self.lost_why.pop(j.out)))
       self.pending[w.actor.replay.remote(asdict(j))] = (w, j)
@@ -87,7 +88,7 @@ class Pool:
       r = None
     except RayError as e: r = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
     w.jobs.remove(j)
-    if r is None and j is w.running:   # the one run its worker's loss costs
+    if r is None and j in w.running:   # the runs its worker's loss costs
       self.lost_runs[j.out] += 1
       if (n := self.lost_runs[j.out]) > RETRIES:
         self.log(f"modeld-batch: {j.route}--{j.n} failed: its worker was lost {n} times")
@@ -101,7 +102,7 @@ class Pool:
     segment it was running is the one charged, and a new worker starts in its place while segments wait and its place
     has starts left. Its other calls fail as they come in, and go back to the queue uncharged."""
     if w.lost: return
-    w.lost, w.why, w.running = True, loss_reason(e), w.jobs[0] if w.jobs else None
+    w.lost, w.why, w.running = True, loss_reason(e), w.jobs[:self.slots]
     ray.kill(w.actor, no_restart=True)
     if w in self.ready: self.ready.remove(w)
     starts = 0 if w.where else w.starts + 1

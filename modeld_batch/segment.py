@@ -3,7 +3,7 @@
 dmonitoringd's DriverModel from fresh history, and written to <out>/rlog.zst on the source's clock, the videos linked
 beside it, under a temporary name of the run's own renamed when complete. What equals what: docs/BATCH.md."""
 from __future__ import annotations
-import glob, json, logging, math, os, shutil, time, traceback, uuid
+import contextlib, glob, json, logging, math, os, shutil, time, traceback, uuid
 from pathlib import Path
 import ray
 
@@ -25,32 +25,44 @@ class Frame:
 class Runners:
   """A worker's loaded artifacts: models loaded once, warps per camera layout as segments need them; and host buffers
   per stream and layout, which outlive the tensors the runners keep over them. threads: how many threads replay each
-  model's kernels and decode each video; device: the artifacts' tinygrad device (default: this process's)."""
-  def __init__(self, artifacts: str, threads: int = 1, device: str | None = None):
+  model's kernels and decode each video; device: the artifacts' tinygrad device (default: this process's);
+  batch_frames: segments run side by side, each in a slot of one batch (modelrt.batch), its runners and buffers its own."""
+  def __init__(self, artifacts: str, threads: int = 1, device: str | None = None, batch_frames: int = 1):
     from modelrt.artifact import load_artifact, use_device
+    from modelrt.batch import Batch
     self.threads = threads
     if device: device = use_device(device)
     self.arts = {f: load_artifact(artifacts, f, device) for f in ('road', 'dm')}
-    for art in self.arts.values():   # ready to serve at speed, as a daemon after its warm-up (the warps: per layout, later)
-      for m in art.models.values(): m.bind()
+    self.batch = Batch(self.arts, batch_frames, threads) if batch_frames > 1 else None
+    # ready to serve at speed, as a daemon after its warm-up (the warps: per layout, later)
+    for m in self.batch.models.values() if self.batch else (m for art in self.arts.values() for m in art.models.values()): m.bind()
     self.runners, self.bufs = {}, {}
 
-  def get(self, family: str, layouts: tuple):
+  def slot(self) -> contextlib.AbstractContextManager[int]:
+    """The slot a segment runs in while the context lasts (0 without a batch)."""
+    return self.batch.slot() if self.batch else contextlib.nullcontext(0)
+
+  def get(self, family: str, layouts: tuple, slot: int = 0):
     from modelrt.runner import DMRunner, RoadRunner
-    if (r := self.runners.get(key := (family, tuple(map(str, layouts))))) is None:
-      r = self.runners[key] = (RoadRunner if family == 'road' else DMRunner)(self.arts[family], *layouts)
+    from modelrt.batch import DMSlot, RoadSlot
+    if (r := self.runners.get(key := (family, tuple(map(str, layouts)), slot))) is None:
+      if self.batch is None: r = (RoadRunner if family == 'road' else DMRunner)(self.arts[family], *layouts)
+      else:
+        with self.batch.lock: r = (RoadSlot if family == 'road' else DMSlot)(self.batch, slot, *layouts)   # loads warps: tinygrad's
       r.set_threads(self.threads)
+      self.runners[key] = r
     return r
 
-  def buf(self, stream: int, layout):
+  def buf(self, stream: int, layout, slot: int = 0):
     from modelrt.runner import HostBuf
-    if (b := self.bufs.get(key := (stream, str(layout)))) is None: b = self.bufs[key] = HostBuf(layout, stream=stream, idx=0)
+    if (b := self.bufs.get(key := (stream, str(layout), slot))) is None: b = self.bufs[key] = HostBuf(layout, stream=stream, idx=0)
     return b
 
-def replay_segment(src: str, out: str, runners: Runners) -> dict:
+def replay_segment(src: str, out: str, runners: Runners, slot: int = 0) -> dict:
   """Run segment src through the daemons' frame models; returns its counts. Frames go into host buffers of a layout the
   artifacts were built for, the recorded messages into a SubMaster without sockets; what a daemon publishes for a frame
-  is taken in from the next frame on, as the daemons see each other's outputs (modeld reads dmonitoringd's isRHD)."""
+  is taken in from the next frame on, as the daemons see each other's outputs (modeld reads dmonitoringd's isRHD).
+  slot: the runners' slot it runs in (Runners.slot)."""
   from cereal import messaging
   from cereal.services import ANSWERS, CAMERA_STATE_SERVICES, CAMERAS, STREAM_OF_STATE, road_streams
   from camerad.sources import LogSource
@@ -72,8 +84,8 @@ def replay_segment(src: str, out: str, runners: Runners) -> dict:
   layouts = stream_layouts(runners.arts, source.streams)
   stats = Stats(log, interval=math.inf)
   sm = messaging.SubMaster(sorted(set(RoadModel.SUBSCRIBES) | set(DriverModel.SUBSCRIBES)), addr=None)
-  road = (streams := road_streams(set(layouts))) and RoadModel(runners.get('road', tuple(layouts[s] for s in streams)), streams[0], sm, stats, log)
-  dm = DRIVER in layouts and DriverModel(runners.get('dm', (layouts[DRIVER],)), sm, stats, log)
+  road = (streams := road_streams(set(layouts))) and RoadModel(runners.get('road', tuple(layouts[s] for s in streams), slot), streams[0], sm, stats, log)
+  dm = DRIVER in layouts and DriverModel(runners.get('dm', (layouts[DRIVER],), slot), sm, stats, log)
   final = Path(out)
   remove_temp_outputs(final)
   (tmp := final.parent / f".{final.name}.{uuid.uuid4().hex[:8]}.tmp").mkdir(parents=True)
@@ -93,7 +105,7 @@ def replay_segment(src: str, out: str, runners: Runners) -> dict:
   init.logMonoTime = t_start
   rlog = LogFile(tmp / "rlog.zst")
   for dat in (init.to_bytes(), *encode_idx): rlog.write(dat)
-  writer, bufs = FrameWriter(source, lockstep=True), {s: runners.buf(s, l) for s, l in layouts.items()}
+  writer, bufs = FrameWriter(source, lockstep=True), {s: runners.buf(s, l, slot) for s, l in layouts.items()}
   frames, invalid, model_s, last, pending, served = 0, 0, 0., {}, [], dict.fromkeys(layouts, 0)
   for tick in source.ticks():
     evs = [messaging.log_from_bytes(dat) for svc, dat in tick.msgs if svc in sm.data] + pending
@@ -131,16 +143,18 @@ def replay_segment(src: str, out: str, runners: Runners) -> dict:
 
 @ray.remote
 class SegmentWorker:
-  """Holds a worker's loaded artifacts and replays segments, one at a time, as a daemon serves frames."""
-  def __init__(self, artifacts: str, threads: int = 1, device: str | None = None):
-    self.runners = Runners(artifacts, threads, device)
+  """Holds a worker's loaded artifacts and replays segments, as a daemon serves frames: one at a time, or with
+  batch_frames > 1 that many side by side (an actor of as many threads: Ray's max_concurrency), their frames batched."""
+  def __init__(self, artifacts: str, threads: int = 1, device: str | None = None, batch_frames: int = 1):
+    self.runners = Runners(artifacts, threads, device, batch_frames)
 
   def where(self) -> str:
     """Its process and node: answered once the artifacts are loaded."""
     return f"pid {os.getpid()} on {ray.util.get_node_ip_address()}"
 
   def replay(self, job: dict) -> dict:
-    try: return replay_segment(job["src"], job["out"], self.runners)
+    try:
+      with self.runners.slot() as slot: return replay_segment(job["src"], job["out"], self.runners, slot)
     except Exception as e:   # a corrupt or unreadable segment: reported, its temporary output removed, the next one served
       log.error("%s: %s", job["src"], traceback.format_exc())
       remove_temp_outputs(Path(job["out"]))

@@ -189,7 +189,9 @@ def _check_manifest(m: dict, family: str, bad: Callable[[str], ArtifactError]) -
   get('a command line (a list of strings)', lambda v: _is_strs(v) and v, 'command')
   layouts = get('a list of camera layouts', _is_strs, 'layouts')
   get('{file name: sha256}', lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()), 'files')
-  for name in (*FAMILY_MODELS[family], *map(warp_name, layouts)):
+  batches = get('a list of frame counts', lambda v: isinstance(v, list) and all(is_count(n) and n > 1 for n in v), 'options', 'batches') \
+    if 'batches' in m.get('options', {}) else []
+  for name in (*FAMILY_MODELS[family], *map(warp_name, layouts), *(batch_name(k, n) for n in batches for k in FAMILY_MODELS[family])):
     for k in ('file', 'weights'): get('a file name', lambda v: isinstance(v, str), 'jits', name, k)
     get('a list of [offset, size] pairs', lambda v: isinstance(v, list) and all(map(_is_pair, v)), 'jits', name, 'buffers')
     for i, spec in enumerate(get('a list of input specs', lambda v: isinstance(v, list), 'jits', name, 'inputs')):
@@ -217,7 +219,18 @@ class Artifact:
   def contract(self) -> Contract: return lookup(self.family, self.manifest['contract'])
   def output_slices(self, model: str) -> dict[str, slice]:
     return {k: slice(*v) for k, v in self.manifest['output_slices'][model].items()}
-  def rebuild_command(self, extra_layout: str | None = None) -> str: return _rebuild(self.manifest, self.dir, extra_layout)
+  @property
+  def batches(self) -> list[int]: return [1, *self.manifest['options'].get('batches', [])]
+  def rebuild_command(self, extra_layout: str | None = None, extra_batch: int | None = None) -> str:
+    return _rebuild(self.manifest, self.dir, extra_layout, extra_batch)
+
+  def load_batch(self, model: str, n: int) -> Replay:
+    """A fresh instance of `model` on n frames at once (its inputs and output with n rows); ArtifactError naming the
+    command that builds it where this artifact has no batch of n."""
+    if n not in self.batches:
+      raise ArtifactError(f"{self.dir}: no batch of {n} frames (this artifact has {', '.join(map(str, self.batches))}). "
+                          f"Build it with: {self.rebuild_command(extra_batch=n)}")
+    return self.load_jit(batch_name(model, n))
 
   def load_jit(self, name: str) -> Replay:
     """A fresh, verified instance of one captured JIT (its own buffers: loading twice gives two independent JITs)."""
@@ -232,6 +245,7 @@ class Artifact:
     return warp_name(layout)
 
 def warp_name(layout: str) -> str: return 'warp_' + layout.replace(':', '_')
+def batch_name(model: str, n: int) -> str: return model if n == 1 else f'{model}_b{n}'   # the JIT of a model on n frames at once
 
 def read_manifest(path: str | os.PathLike, family: str) -> Artifact:
   """DIR/<family> as its manifest describes it, nothing loaded and no file hashed: the manifest's format and family,
@@ -257,13 +271,13 @@ def read_manifest(path: str | os.PathLike, family: str) -> Artifact:
                           f"Rebuild with a vision model in openpilot's output layout: {_rebuild(m, d)}")
   return Artifact(d, family, m)
 
-def _rebuild(m, d: pathlib.Path, extra_layout: str | None = None) -> str:
+def _rebuild(m, d: pathlib.Path, extra_layout: str | None = None, extra_batch: int | None = None) -> str:
   """The command that built the artifact in d (DIR/<family>), writing to DIR: a copied or moved artifact is rebuilt
   where it is loaded from, not where it was first built."""
   if not (isinstance(m, dict) and _is_strs(m.get('command'))): return 'modeld-compile (see --help)'
   cmd = list(m['command'])
   if '--out' in cmd[:-1]: cmd[cmd.index('--out') + 1] = str(d.parent)
-  return shlex.join(cmd + (['--camera', extra_layout] if extra_layout is not None else []))
+  return shlex.join(cmd + (['--camera', extra_layout] if extra_layout is not None else []) + (['--batch', str(extra_batch)] if extra_batch else []))
 def _complaint(d: pathlib.Path, m) -> Callable[[str], ArtifactError]: return lambda msg: ArtifactError(f"{d}: {msg}. Rebuild with: {_rebuild(m, d)}")
 
 def load_artifact(path: str | os.PathLike, family: str, device: str | None = None) -> Artifact:

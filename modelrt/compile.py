@@ -108,11 +108,23 @@ def matches_eager(got: np.ndarray, want: np.ndarray) -> bool:
   if got.shape != want.shape: return False
   return np.array_equal(got, want) if got.dtype.kind in 'iub' else np.allclose(got, want, rtol=1e-5, atol=1e-6)
 
+def reloaded(d: pathlib.Path, name: str, entry: dict, specs: list[TensorSpec]) -> Replay:
+  """A JIT build_jit saved in d, loaded as the runtime loads it."""
+  files = {f: artifact.sha256_file(d / f) for f in (entry['file'], entry['weights'])}
+  return Replay(name, load_verified(d, entry, files, 'modeld-compile'), specs)
+
+def _row(t: Tensor, i: int, kind: str) -> Tensor:
+  """Row i of a batch's input, as an input of the model on one frame: a host input shared with numpy, else on t's device."""
+  a = np.ascontiguousarray(t.numpy()[i:i + 1])
+  return host_tensor(a) if kind == 'host' else Tensor(a, device=t.device).realize()
+
 def _out(ret) -> np.ndarray: return (ret if isinstance(ret, np.ndarray) else ret.numpy()).reshape(-1).copy()
 
 def build_jit(name: str, fn: Callable, plans: list[InputPlan], device: str, out_dir: pathlib.Path, seed: int = 0,
-              transform_size: tuple[int, int] | None = None) -> dict:
-  """Capture fn as a JIT, validate it, save it to out_dir; returns its manifest entry. Raises ValidationError."""
+              transform_size: tuple[int, int] | None = None, single: Replay | None = None) -> dict:
+  """Capture fn as a JIT, validate it, save it to out_dir; returns its manifest entry. Raises ValidationError.
+  single: the model on one frame, where fn is it on a batch (its inputs' first axis): each row of a replay must match
+  single's replay of that row's inputs (matches_eager), whatever the other rows hold."""
   rng = np.random.default_rng(seed)
   feeds = [Feed(plans, device, rng, transform_size) for _ in range(5)]
   def fail(msg): raise ValidationError(f"{name}: {msg}")
@@ -137,15 +149,21 @@ def build_jit(name: str, fn: Callable, plans: list[InputPlan], device: str, out_
 
   # round trip through the pickle the runtime loads, with the runtime's loader and guard
   entry = save_jit(jit, out_dir, name)
-  files = {fn_: artifact.sha256_file(out_dir / fn_) for fn_ in (entry['file'], entry['weights'])}
   specs = [TensorSpec.of(p.name, feeds[0].tensors[p.name] if p.kind != 'state' else js[p.name], str(p.layout) if p.layout else None) for p in plans]
-  loaded = Replay(name, load_verified(out_dir, entry, files, 'modeld-compile'), specs)
+  loaded = reloaded(out_dir, name, entry, specs)
   ls = new_state(plans, device)
   zero(js)
   for i, f in enumerate(feeds):
     a, b = run(loaded, f, ls), run(jit, f, js)
     if not np.array_equal(a, b): fail(f"the reloaded pickle gives different outputs on frame {i}")
     if not matches_eager(a, want[i]): fail(f"the reloaded pickle differs from the eager run on frame {i}")
+  for f in feeds[:2] if single else ():   # a batch: each row as the model alone computes it
+    rows = run(loaded, f, ls).reshape(plans[0].shape[0], -1)
+    for i, row in enumerate(rows):
+      alone = single.run({p.name: _row(f.tensors[p.name], i, p.kind) for p in plans})
+      if not matches_eager(row, alone):
+        fail(f"row {i} of a batch of {len(rows)} differs from the model run on that frame alone (max |diff| "
+             f"{np.abs(row.astype(np.float64) - alone).max()}): the model mixes the frames of a batch")
   # every input is live: changing only it changes the output (a Python scalar or closure would have been frozen)
   for p in plans:
     if p.kind == 'state': continue
@@ -192,11 +210,12 @@ def check_schedule(schedule: str, device: str) -> None:
 
 def build_family(out: str | os.PathLike, family: str, models: dict[str, ModelDef], layouts: list[NV12Layout], device: str | None = None,
                  beam: int = 0, command: list[str] | None = None, force: bool = False, progress: bool = True,
-                 winograd: str = 'rule', schedule: str = 'shape') -> tuple[pathlib.Path, bool]:
+                 winograd: str = 'rule', schedule: str = 'shape', batches: tuple[int, ...] = ()) -> tuple[pathlib.Path, bool]:
   """Build (or find up to date) OUT/<family>. Returns (artifact dir, whether it was built). Raises ContractError (the
   models follow no known contract) or ValidationError. schedule: 'shape' (conv and matmul kernels scheduled from their
   shapes, modelrt.schedule) or 'tinygrad' (tinygrad's own heuristics for every kernel). winograd: which ONNX
-  convolutions run as Winograd, modelrt.onnx_import.winograd's 'rule', 'all' or 'off'."""
+  convolutions run as Winograd, modelrt.onnx_import.winograd's 'rule', 'all' or 'off'. batches: each model also on that
+  many frames at once (JIT <model>_b<n>, modelrt.artifact.batch_name), each row checked against the model alone."""
   from tinygrad.engine.worker import terminate_worker_pool
   from modelrt.onnx_import import winograd as winograd_mode
   device = Device.canonicalize(device or Device.DEFAULT)
@@ -207,12 +226,13 @@ def build_family(out: str | os.PathLike, family: str, models: dict[str, ModelDef
   if (default := Device.canonicalize(Device.DEFAULT)) != device:
     raise ValueError(f"building for {device}, but the models' weights are on the default device {default}: make {device} the default "
                      "before loading them (modelrt.artifact.use_device; modeld-compile --device does)")
-  layouts = list(dict.fromkeys(layouts))
+  layouts, batches = list(dict.fromkeys(layouts)), sorted(set(batches) - {1})
+  if any(type(n) is not int or n < 1 for n in batches): raise ValueError(f"batches: expected frame counts >= 1, got {batches}")
   contract = identify(family, models)   # before anything is captured: a model of another contract fails in a second
   models = {k: md.fed({n: i.dtype for n, i in contract.models[k].inputs.items()}) for k, md in models.items()}
   command = command or ['modeld-compile', '--family', family, *[a for l in layouts for a in ('--camera', str(l))], '--out', str(out)]
   key = {'format': FORMAT_VERSION, 'family': family, 'contract': contract.name, 'tinygrad': artifact.tinygrad_version(), 'target': artifact.target(device),
-         'options': {'beam': beam, 'winograd': winograd, 'schedule': schedule},
+         'options': {'beam': beam, 'winograd': winograd, 'schedule': schedule, **({'batches': batches} if batches else {})},
          'sources': {**{k: md.source_sha256 for k, md in models.items()}, 'code': code_sha256(),
                      'contract': hashlib.sha256(repr(contract).encode()).hexdigest()},
          'layouts': sorted(str(l) for l in layouts)}   # the same set of layouts, in any order, is the same build
@@ -226,7 +246,11 @@ def build_family(out: str | os.PathLike, family: str, models: dict[str, ModelDef
   for l in layouts:
     if family == 'road': jobs.append((warp_name(str(l)), road_warp_fn(l, device), road_warp_plans(l), (MODEL_WIDTH, MODEL_HEIGHT)))
     else: jobs.append((warp_name(str(l)), dm_warp_fn(l, device), dm_warp_plans(l), (DM_WIDTH, DM_HEIGHT)))
-  for k in FAMILY_MODELS[family]: jobs.append((k, model_fn(models[k], device), model_plans(models[k], contract.models[k]), None))
+  singles = {}   # a batch's JIT -> its model's, which each of its rows must match
+  for n in (1, *batches):
+    for k in FAMILY_MODELS[family]:
+      md, singles[artifact.batch_name(k, n)] = models[k].batched(n) if n > 1 else models[k], k if n > 1 else None
+      jobs.append((artifact.batch_name(k, n), model_fn(md, device), model_plans(md, contract.models[k]), None))
 
   def build(tmp: pathlib.Path) -> dict:
     jits, t0 = {}, time.monotonic()
@@ -234,7 +258,8 @@ def build_family(out: str | os.PathLike, family: str, models: dict[str, ModelDef
          (beam_progress(family, beam, count_kernels(jobs, device)) if beam and progress else contextlib.nullcontext()):
       for i, (name, fn, plans, tsize) in enumerate(jobs):
         bar.set_description(f"{family}: capture+validate {name}")
-        jits[name] = build_jit(name, fn, plans, device, tmp, seed=i, transform_size=tsize)
+        single = reloaded(tmp, k, jits[k], list(map(TensorSpec.from_json, jits[k]['inputs']))) if (k := singles.get(name)) else None
+        jits[name] = build_jit(name, fn, plans, device, tmp, seed=i, transform_size=tsize, single=single)
         bar.update(1)
     return {**key, 'build_id': build_id, 'build_seconds': round(time.monotonic() - t0, 1), 'command': command, 'jits': jits,
             'output_slices': {k: {n: [s.start, s.stop] for n, s in models[k].output_slices.items()} for k in FAMILY_MODELS[family]}}
@@ -304,12 +329,17 @@ CACHEDB=path moves tinygrad's compile cache.""".format(contracts=', '.join(sorte
                   "vectorized and register-blocked by rules from their shapes and the CPU's vector width, the same on every machine of "
                   "an ISA; tinygrad (a GPU's default, the only one there): tinygrad's own heuristics for every kernel. --beam searches "
                   "on top of either")
+  ap.add_argument('--batch', type=int, action='append', default=[], metavar='N', help="also build each model on N frames at once, "
+                  "repeatable: modeld-batch --batch-frames N runs N segments side by side through it (each layer one kernel over the "
+                  "N frames: a weight read once for all of them); each row is checked against the model alone")
   ap.add_argument('--force', action='store_true', help="rebuild even when an identical build is already there")
   ap.add_argument('--quiet', action='store_true', help="no progress bar")
   args = ap.parse_args(argv)
   try: layouts = list(dict.fromkeys(NV12Layout.parse(c) for c in args.camera))   # a layout given twice is built once
   except ValueError as e: ap.error(str(e))
   if args.beam < 0: ap.error(f"--beam: expected N >= 0, got {args.beam}")
+  if any(n < 1 for n in args.batch): ap.error(f"--batch: expected N >= 1, got {min(args.batch)}")
+  batches = sorted(set(args.batch) - {1})
   if args.out.exists() and not args.out.is_dir(): ap.error(f"--out {args.out}: expected a folder for the artifacts, found a file")
   if args.reference and (args.vision_onnx or args.policy_onnx or args.dm_onnx): ap.error("--reference replaces the ONNX files: give one or the other")
   if bool(args.vision_onnx) != bool(args.policy_onnx): ap.error("the road model needs both --vision-onnx and --policy-onnx")
@@ -348,9 +378,9 @@ CACHEDB=path moves tinygrad's compile cache.""".format(contracts=', '.join(sorte
         models = {k: load_onnx(p, k) for k, p in files.items()}
         srcs = [a for k, p in files.items() for a in (f'--{k}-onnx', str(p.resolve()))]
       command = ['modeld-compile', *srcs, '--family', family, *cams, '--out', str(args.out.resolve()), '--device', device, '--beam', str(args.beam),
-                 '--winograd', args.winograd, '--schedule', args.schedule]
+                 '--winograd', args.winograd, '--schedule', args.schedule, *[a for n in batches for a in ('--batch', str(n))]]
       path, built = build_family(args.out, family, models, layouts, device, args.beam, command, args.force, not args.quiet, args.winograd,
-                                 args.schedule)
+                                 args.schedule, batches)
       print(f"{family}: {'built' if built else 'up to date'}: {path} ({', '.join(str(l) for l in layouts)})")
   except (ContractError, ValidationError, OnnxImportError, ArtifactError, OSError) as e:
     print(f"modeld-compile: error: {e}", file=sys.stderr)

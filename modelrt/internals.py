@@ -17,6 +17,7 @@ USED: dict[tuple[str, str], str] = {
   ('tinygrad.engine.jit', '_prepare_jit_inputs'): "the JIT's own input signature check, before a replay",
   ('tinygrad.engine.jit', '_copy_input'): "inputs a JIT writes, copied before a replay as tinygrad's replay does",
   ('tinygrad.engine.jit', 'CapturedJit._written_uops'): "which inputs a JIT writes",
+  ('tinygrad.helpers', '_db_connection'): "tinygrad's compile cache opened for use from any thread (a batch's slots)",
   ('tinygrad.schedule.memory', '_collect_bufs'): "the buffers of a call's argument, as tinygrad's prune reads them",
   ('tinygrad.engine.jit', 'CapturedJit._linear'): "a JIT's calls before linking: the kernels a build counts",
   ('tinygrad.nn.onnx', 'OnnxPBParser._parse_message'): "ONNX metadata_props, which tinygrad's parser skips",
@@ -42,6 +43,17 @@ def onnx_runner(graph: dict):
   runner = OnnxRunner.__new__(OnnxRunner)
   runner._init_from_graph(graph)
   return runner
+
+def compile_cache_for_threads() -> None:
+  """tinygrad's compile cache usable from every thread of this process: its sqlite connection serves only the thread
+  that opened it, and a batch's slots (modelrt.batch) compile on theirs, one at a time (their lock). Opened again,
+  as tinygrad opens it, with that check off."""
+  import sqlite3
+  import tinygrad.helpers as h
+  real, h._db_connection = sqlite3.connect, None
+  sqlite3.connect = lambda *a, **kw: real(*a, **kw, check_same_thread=False)
+  try: h.db_connection()
+  finally: sqlite3.connect = real
 
 @contextlib.contextmanager
 def wrapped(module: str, name: str, wrapper: Callable[[Callable], Callable]) -> Iterator[None]:

@@ -3,8 +3,8 @@ one flat float output cut by `output_slices`, which ships as a base64 pickled {n
 metadata_props. What is read here (input names, shapes and dtypes, the output width, the slices) is what
 modelrt.contracts.identify checks against the known contracts."""
 from __future__ import annotations
-import base64, contextlib, io, pathlib, pickle
-from collections.abc import Iterator
+import base64, contextlib, dataclasses, functools, io, pathlib, pickle
+from collections.abc import Callable, Iterator
 from tinygrad import Tensor
 from tinygrad.helpers import Context
 from tinygrad.nn.onnx import OnnxPBParser, WireType, onnx_ops
@@ -104,6 +104,15 @@ def _conv(X: Tensor, W: Tensor, B: Tensor | None = None, group: int = 1, **kw) -
       with Context(WINO=int(X.shape[2] * X.shape[3] >= WINOGRAD_MIN_PIXELS)): return onnx_ops['Conv'](X, W, B, group=group, **kw)
   return onnx_ops['Conv'](X, W, B, group=group, **kw)
 
+OPS = {**onnx_ops, 'Concat': _concat, 'Conv': _conv, 'Relu': _relu}
+
+def _batched_ops(n: int) -> dict:
+  """OPS for the graph on n frames: a Reshape to one row of what has n (a shape the export wrote with its batch of 1)
+  keeps the n rows. Whether the graph then keeps the frames apart, the build checks (each row against the model alone)."""
+  def reshape(data: Tensor, shape: list[int], allowzero: int = 0) -> Tensor:
+    return OPS['Reshape'](data, [n, *shape[1:]] if shape and shape[0] == 1 and data.shape[0] == n else shape, allowzero)
+  return {**OPS, 'Reshape': reshape}
+
 def load_onnx(path: str | pathlib.Path, model: str) -> ModelDef:
   """An openpilot-convention ONNX model ('vision', 'policy' or 'dm') as a ModelDef with the graph's own inputs
   (names, shapes, dtypes), output width and output_slices. Whether they follow a known contract is checked later."""
@@ -112,7 +121,7 @@ def load_onnx(path: str | pathlib.Path, model: str) -> ModelDef:
   try: graph = OnnxPBParser(path).parse()['graph']
   except Exception as e: raise OnnxImportError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
   runner = onnx_runner(graph)
-  runner.onnx_ops = {**onnx_ops, 'Concat': _concat, 'Conv': _conv, 'Relu': _relu}
+  runner.onnx_ops = OPS
   done = set()   # constant weights stored output channels (a matmul's columns) innermost, read through a view
   for n in runner.graph_nodes:
     if (name := n.inputs[1] if len(n.inputs) > 1 else '') in done or not isinstance(w := runner.graph_values.get(name), Tensor): continue
@@ -130,4 +139,11 @@ def load_onnx(path: str | pathlib.Path, model: str) -> ModelDef:
   slices = parse_output_slices(props['output_slices'], oshape[1])
   out_name = runner.graph_outputs[0]
   def fn(**inputs: Tensor) -> Tensor: return runner(inputs)[out_name].cast('float32')
-  return ModelDef(model, inputs, slices, oshape[1], fn, sha256_file(path))
+  @functools.cache   # one runner per batch: a capture reuses the constants (shapes) its first run computed
+  def batch_fn(n: int) -> Callable[..., Tensor]:
+    # a runner of its own (its cache of constants the graph computes, such as shapes, holds the batch's), the weights shared
+    b = onnx_runner(graph)
+    b.graph_values, b.onnx_ops = {k: runner.graph_values[k] for k in b.graph_values}, _batched_ops(n)   # the weights as stored above
+    b.graph_inputs = {k: dataclasses.replace(v, shape=(n, *v.shape[1:])) for k, v in runner.graph_inputs.items()}
+    return lambda **inputs: b(inputs)[out_name].cast('float32')
+  return ModelDef(model, inputs, slices, oshape[1], fn, sha256_file(path), batch_fn)

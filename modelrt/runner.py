@@ -121,7 +121,7 @@ class RoadRunner:
     self.prev_desire[:] = desire
     if prepare_only: return None
 
-    vision_out = self.vision.run(imgs)
+    vision_out = self.run_vision(imgs)
     self.full_features[:-1] = self.full_features[1:]
     self.full_features[-1] = vision_out[self.vision_slices['hidden_state']]
     self.features_buffer[0][0] = self.full_features[::FRAME_SKIP]
@@ -129,9 +129,15 @@ class RoadRunner:
     self.full_desire[-1] = pulse
     self.desire_pulse[0][0] = self.full_desire.reshape(self.history, FRAME_SKIP, DESIRE_LEN).max(axis=1)
     self.traffic_convention[0][0] = traffic_convention
-    policy_out = self.policy.run({'features_buffer': self.features_buffer[1], 'desire_pulse': self.desire_pulse[1],
-                                  'traffic_convention': self.traffic_convention[1]})
-    return _output((vision_out, self.vision_slices), (policy_out, self.policy_slices))
+    return _output((vision_out, self.vision_slices), (self.run_policy(), self.policy_slices))
+
+  def run_vision(self, imgs: dict[str, Tensor]) -> np.ndarray:
+    """The vision model on the warps' outputs: its flat output vector."""
+    return self.vision.run(imgs)
+
+  def run_policy(self) -> np.ndarray:
+    """The policy on the host inputs as run() filled them: its flat output vector."""
+    return self.policy.run({'features_buffer': self.features_buffer[1], 'desire_pulse': self.desire_pulse[1], 'traffic_convention': self.traffic_convention[1]})
 
   def reset(self) -> None:
     """Forget all frame history (camera restart): image queues, feature and desire queues."""
@@ -169,7 +175,11 @@ class DMRunner:
     self.calib[0][:] = np.reshape(calib, (1, 3))
     self.transform[0][:] = transform
     img = self.warp.run({'frame': frame, 'transform': self.transform[1]}, copy=False)
-    return _output((self.model.run({'input_img': img, 'calib': self.calib[1]}), self.slices))
+    return _output((self.run_model(img), self.slices))
+
+  def run_model(self, img: Tensor) -> np.ndarray:
+    """The model on the warp's output and the calibration as run() filled it: its flat output vector."""
+    return self.model.run({'input_img': img, 'calib': self.calib[1]})
 
   def reset(self) -> None:
     """Nothing to forget: the driver model keeps no frame history."""

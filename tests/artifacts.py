@@ -14,12 +14,12 @@ UNSERVED_LAYOUT = NV12Layout.packed(96, 64)  # a layout no artifact serves
 
 @functools.cache   # once per process: test files that share a build check it once
 def build(out: pathlib.Path = CACHE, layouts: tuple[NV12Layout, ...] = (LAYOUT, ALT_LAYOUT), family: str | None = None,
-          models: str = 'reference', widths: tuple[tuple[str, int], ...] = (), device: str | None = None) -> pathlib.Path:
+          models: str = 'reference', widths: tuple[tuple[str, int], ...] = (), device: str | None = None, batches: tuple[int, ...] = ()) -> pathlib.Path:
   """modeld-compile for the given layouts (both families unless one is named); returns the artifact dir.
   models: 'reference' (the built-in models) or 'tiny' (the tiny ONNX models of tests/onnx_models.py: seconds to build).
   widths: (output, width) pairs whose slice in the built artifact's manifest gets that width instead of the contract's,
   from the same start: an artifact whose outputs the daemons cannot parse (modeld-compile refuses such a model, so the
-  manifest, which its file hashes do not cover, is edited after the build). device: modeld-compile's --device."""
+  manifest, which its file hashes do not cover, is edited after the build). device: modeld-compile's --device; batches: its --batch."""
   if models == 'tiny':
     from tests.onnx_models import vision_onnx, policy_onnx, dm_onnx
     (src := out / 'onnx').mkdir(parents=True, exist_ok=True)
@@ -29,6 +29,7 @@ def build(out: pathlib.Path = CACHE, layouts: tuple[NV12Layout, ...] = (LAYOUT, 
   cmd = [sys.executable, '-m', 'modelrt.compile', *srcs, '--quiet', '--out', str(out), *[a for l in layouts for a in ('--camera', str(l))]]
   if family: cmd += ['--family', family]
   if device: cmd += ['--device', device]
+  cmd += [a for n in batches for a in ('--batch', str(n))]
   env = {**os.environ, 'DEV': os.environ.get('DEV', 'CPU'), 'PARALLEL': '0'}
   r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
   if r.returncode != 0: raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
