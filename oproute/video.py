@@ -144,10 +144,10 @@ class VideoDecoder:
         break
       if self.file: self.file.mark()
       try: decoded = packet.decode()
-      except av.FFmpegError as e:
+      except av.FFmpegError as e:   # counted here, not as a packet that decoded to no picture
         decoded, why = [], f"{type(e).__name__}: {e}"
         self.skipped[f"{self.path}: undecodable packet ({type(e).__name__})"] += 1
-      packets_in += packet.size > 0
+      else: packets_in += packet.size > 0
       bad += packet.size > 0
       for frame in decoded:
         bad, pictures = 0, pictures + 1
