@@ -1,11 +1,8 @@
 #!/usr/bin/env python3
-"""A subscription flood over TCP (MSGQ_TCP=1) on both transports: a publisher that works like modeld (a fixed,
-GIL-holding computation per message, then a 50 KB send, as fast as it can) and, from a second process, a TCP peer
-subscribing to --topics distinct 64-byte topics within --flood-s seconds. The publisher's resident memory, rate (as a
-plain SUB over TCP receives it) and CPU before, during and after; then the ratios the targets are about (docs/MSGQ.md).
-The flood runs at the lowest CPU priority (an attacker's CPU is its own machine's); on a busy machine the rate still
-moves with the load: the publisher's other threads' CPU is what the flood costs it.
-
+"""A subscription flood over TCP (MSGQ_TCP=1) on both transports: a modeld-like publisher (fixed GIL-holding work,
+then a 50 KB send, as fast as it can) and a TCP peer in another process subscribing to --topics distinct 64-byte
+topics within --flood-s s, at the lowest CPU priority. The publisher's RSS, rate and CPU before, during and after, and
+the ratios the targets are about (docs/MSGQ.md; on a busy machine the rate moves with the load).
 usage: bench/flood.py [--topics 200000] [--flood-s 3] [--phase-s 6] [--transports zmq,shm]"""
 import argparse, os, subprocess, sys, threading, time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

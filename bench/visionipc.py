@@ -1,10 +1,8 @@
 #!/usr/bin/env python3
-"""VisionIPC benchmark: 1928x1208 NV12 frames from a producer process to a consumer process at full speed.
-
-Three transports, each producer writing the whole frame once: VisionIPC's zero-copy path, VisionIPC send() (one copy),
-and the frame bytes through a msgq pub/sub socket; latency is publish -> usable frame (CLOCK_MONOTONIC), plus the bytes
-through the socket per frame. The last line is ours/baseline; docs/VISIONIPC.md has the figures. Then the client's
-per-frame look at the size of a buffer its server could shrink (openpilot's), against a sealed one (ours)."""
+"""VisionIPC benchmark: 1928x1208 NV12 frames from a producer process to a consumer process at full speed, over
+VisionIPC's zero-copy path, VisionIPC send() (one copy) and a msgq socket: latency publish -> usable frame, bytes per
+frame, ours/baseline last (docs/VISIONIPC.md). Then the client's per-frame look at the size of a buffer its server
+could shrink (openpilot's), against a sealed one (ours)."""
 import fcntl, multiprocessing as mp, os, pathlib, sys, time, uuid
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))

@@ -1,9 +1,7 @@
 """openpilot's shared-memory queue (commaai/msgq's msgq.cc), byte for byte, so openpilot's processes and ours share one.
-
-One file per endpoint in /dev/shm: a 384-byte header of 64-bit words, then a ring of records (an int64 length tag, the
-payload, padding to 8). One writer, up to 15 readers with their own read pointers; the writer wakes each reader with
-SIGUSR2 sent to the thread that registered it, if of a process of its user's that handles it. Layout, rules and memory
-ordering: docs/MSGQ.md."""
+One file per endpoint in /dev/shm: a 384-byte header of 64-bit words, then a ring of records (int64 length tag, payload,
+padding to 8). One writer, up to 15 readers; the writer wakes each with SIGUSR2 sent to the thread that registered it,
+if of a process of its user's that handles it. Layout, rules and memory ordering: docs/MSGQ.md."""
 import ctypes, ctypes.util, logging, mmap, os, platform, signal, threading, time
 from service import RateLimit
 from service.owned import NotOwnedError, open_private, private_dir

@@ -2,8 +2,7 @@
 
 Logs (rlog, qlog; zstd, bzip2 or plain) are Cap'n Proto Events back to back, read as they decompress: memory holds a
 chunk and one message (MAX_MESSAGE at most), whatever the file's size. What cannot be read (a cut, damaged data, bytes
-that are no Event) ends the file's reading and is reported in `warnings` with file and offset. docs/CAMERAD.md.
-"""
+that are no Event) ends the file's reading and is reported in `warnings` with file and offset. docs/CAMERAD.md."""
 from __future__ import annotations
 import bisect, bz2, enum, glob, io, logging, re, struct
 from operator import itemgetter

@@ -94,7 +94,8 @@ def test_schema_has_the_fields_openpilot_consumers_read():
     "drivingModelData": {"path.yCoefficients": [0.0] * 5, "laneLineMeta.leftY": 1.75, "meta.laneChangeState": "laneChangeStarting"},
     "liveCalibration": {"rpyCalib": [0.0, 0.5, 0.0], "calStatus": "calibrated"},
     "carState": {"vEgo": 1.0, "aEgo": 1.0, "steeringAngleDeg": 1.0},
-    "driverMonitoringState": {"visionPolicyState.awarenessPercent": 100, "alertLevel": "two"}, "liveDelay": {"lateralDelay": 0.25}, "roadCameraState": {"timestampEof": 1},
+    "driverMonitoringState": {"visionPolicyState.awarenessPercent": 100, "alertLevel": "two"},
+    "liveDelay": {"lateralDelay": 0.25}, "roadCameraState": {"timestampEof": 1},
   }
   def parent(root, dotted: str):
     *path, leaf = dotted.split(".")
