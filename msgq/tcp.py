@@ -13,6 +13,8 @@ PEERS = 16            # connections per endpoint: one more is closed as it arriv
 SUBSCRIBE_S = 5.0     # a peer has this long after it connected (or unsubscribed) to subscribe, or is closed
 FRAME_MAX = 255       # the longest frame a subscriber sends (its READY, a subscription): a longer one closes the connection
 PEER_QUEUE = 64       # a peer's bytes not yet judged, in libzmq's reads of up to 8 KiB
+FRAMES, FRAMES_PER_S = 32, 4   # frames a peer may send at once (READY, subscribing, a heartbeat's PINGs), then per second:
+                               # a peer sending more (valid ones too: each is judged here, holding the GIL) is closed
 KEEPALIVE_S = 10      # TCP keepalive: a peer gone without a word is closed after about 25 s (10 s idle, 3 probes 5 s apart)
 GREETING = b"\xff" + bytes(8) + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\0") + bytes(32)   # ZMTP 3.0, NULL, as client
 
@@ -52,9 +54,10 @@ def _address(frame: zmq.Frame) -> str:
 
 class _Peer:
   """A connection: its bytes not yet parsed, how far its handshake got, and when it must have subscribed."""
-  __slots__ = ("buf", "greeted", "ready", "subscribed", "deadline", "addr")
-  def __init__(self, deadline: float):
-    self.buf, self.greeted, self.ready, self.subscribed, self.deadline, self.addr = bytearray(), False, False, False, deadline, "?"
+  __slots__ = ("buf", "greeted", "ready", "subscribed", "deadline", "addr", "since", "frames")
+  def __init__(self, now: float):
+    self.buf, self.greeted, self.ready, self.subscribed, self.deadline, self.addr = bytearray(), False, False, False, now + SUBSCRIBE_S, "?"
+    self.since, self.frames = now, 0
 
   def take(self, data: memoryview) -> str | None:
     """Parse what the peer sent; why it must be closed, or None. Only whole frames up to FRAME_MAX are kept."""
@@ -74,6 +77,9 @@ class _Peer:
       head, size = (9, int.from_bytes(buf[pos + 1:pos + 9], "big")) if flags & 2 else (2, buf[pos + 1])
       if size > FRAME_MAX: return f"a frame of {size} bytes (a subscriber's are at most {FRAME_MAX})"
       if len(buf) - pos < head + size: break
+      if (n := self.frames) >= FRAMES + FRAMES_PER_S * (time.monotonic() - self.since):
+        return f"{n + 1} frames in {time.monotonic() - self.since:.1f} s (a subscriber sends a few)"
+      self.frames = n + 1
       why = self.frame(flags, bytes(buf[pos + head:pos + head + size]))
       pos += head + size
       if why is not None: return why
@@ -174,7 +180,7 @@ class TcpPublisher:
       return self._drop(rid)
     try: self.sock.send_multipart([rid, GREETING + READY], zmq.NOBLOCK)
     except zmq.ZMQError: return   # gone already
-    self.peers[rid] = _Peer(time.monotonic() + SUBSCRIBE_S)
+    self.peers[rid] = _Peer(time.monotonic())
 
   def _close(self, rid: bytes, why: str) -> None:
     log.warning("%s: closed a connection from %s to %s: %s", self.name, self.peers[rid].addr, self.url, why)
