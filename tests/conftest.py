@@ -1,7 +1,8 @@
 import glob, json, os, shutil, uuid
 from pathlib import Path
 import pytest
-from msgq import remove_stack
+from msgq import IpcError, remove_stack
+from msgq.zmq import runtime_dir
 from tests.artifacts import CACHE, LAYOUT, build
 
 @pytest.fixture(autouse=True)
@@ -13,7 +14,13 @@ def _openpilot_prefix(monkeypatch):
   yield
   os.environ["OPENPILOT_PREFIX"] = prefix   # a test may have moved to another (monkeypatch restores the outer one next)
   remove_stack()
-  for other in glob.glob(f"/dev/shm/msgq_*{prefix}*"): shutil.rmtree(other, ignore_errors=True)   # stacks named after it
+  try: runtime = [os.path.dirname(runtime_dir())]
+  except IpcError: runtime = []   # a test's own MSGQ_RUNTIME_DIR, gone with its tmp_path
+  for other in [f"/dev/shm/msgq_*{prefix}*", f"/tmp/*{prefix}*_visionipc_*", *(f"{r}/*{prefix}*" for r in runtime)]:
+    for path in glob.glob(other):   # stacks named after it (a test's nested prefixes), where ours
+      try:
+        if os.lstat(path).st_uid == os.geteuid(): shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
+      except OSError: pass   # gone meanwhile
 
 @pytest.fixture(scope="session")
 def tiny_artifacts() -> Path:

@@ -75,7 +75,7 @@ def shm(monkeypatch):
 def memfds_mapped(pid: int | str = "self") -> list[str]:
   return [l for l in open(f"/proc/{pid}/maps") if "memfd:squat" in l]
 
-def test_a_client_refuses_a_server_of_another_account_and_never_maps_its_buffers(shm, monkeypatch):
+def test_a_client_refuses_a_server_of_another_account_and_never_maps_its_buffers(shm, monkeypatch, tmp_path):
   """nobody serves VisionIPC on our prefix first (as it did before root's camerad): every way in refuses it by name,
   before a request is sent, so no fd of its ever reaches us. Under MSGQ_GROUP of its group, it is taken."""
   uid = nobody_uid()
@@ -89,6 +89,7 @@ def test_a_client_refuses_a_server_of_another_account_and_never_maps_its_buffers
     assert lines_of(p, 4) == ["accepted"] * 4   # connected four times, never asked: no reply, no fd
     assert not memfds_mapped() and not c.is_connected()
     monkeypatch.setenv("MSGQ_GROUP", str(pwd.getpwuid(uid).pw_gid))   # nobody's group made part of the stack: its server is ours
+    monkeypatch.setenv("MSGQ_RUNTIME_DIR", str(tmp_path))   # the stack's removal shares no folder of root's with that group
     assert c.connect(blocking=False) and memfds_mapped()
     c.close()
   finally: p.kill()
@@ -145,12 +146,13 @@ def test_camerad_exits_naming_a_lock_file_of_another_account(shm, hold, scene):
 
 @pytest.mark.parametrize("transport", ["shm", "zmq"])
 @pytest.mark.parametrize("shared", [False, True], ids=["private", "MSGQ_GROUP"])
-def test_socket_and_lock_are_private_under_umask_0(transport, shared, monkeypatch):
+def test_socket_and_lock_are_private_under_umask_0(transport, shared, monkeypatch, tmp_path):
   """The socket and lock files are 0600 (MSGQ_GROUP: 0660 and that group) even where the umask would leave them
   0777: bind() gives the socket its mode from the start."""
   monkeypatch.setenv("MSGQ_TRANSPORT", transport)
   group = next(g.gr_gid for g in grp.getgrall() if g.gr_gid != os.getegid()) if shared else None
   if shared: monkeypatch.setenv("MSGQ_GROUP", str(group))
+  monkeypatch.setenv("MSGQ_RUNTIME_DIR", str(tmp_path))   # a runtime directory of its own: root's is never given that group
   old = os.umask(0)
   try:
     with VisionIpcServer("camerad") as srv:
