@@ -12,6 +12,7 @@ from tinygrad import Device, TinyJit
 from tinygrad.device import Buffer
 from tinygrad.uop.ops import UOp, Ops, ParamArg
 from cereal.services import CAMERA_OF_STREAM
+from service.owned import NotOwnedError, check_code
 from msgq.visionipc import DRIVER
 from msgq.visionipc.layout import NV12Layout
 from modelrt.replay import Replay, TensorSpec, is_count
@@ -253,6 +254,7 @@ def read_manifest(path: str | os.PathLike, family: str) -> Artifact:
   version knows. What a machine that does not run the models checks (modeld-batch's driver); ArtifactError if not."""
   if family not in FAMILIES: raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
   d = pathlib.Path(path) / family
+  trusted(d.parent, d, d / MANIFEST)
   try: m = json.loads((d / MANIFEST).read_text())
   except FileNotFoundError:
     raise ArtifactError(f"{d}: no {MANIFEST}; build the {family} artifact with modeld-compile --out {path} (see modeld-compile --help)") from None
@@ -270,6 +272,13 @@ def read_manifest(path: str | os.PathLike, family: str) -> Artifact:
       raise ArtifactError(f"{d}: vision output 'hidden_state': expected {width} values (the policy's features), got {stop - start}. "
                           f"Rebuild with a vision model in openpilot's output layout: {_rebuild(m, d)}")
   return Artifact(d, family, m)
+
+def trusted(*paths: pathlib.Path) -> None:
+  """ArtifactError unless each path that exists can be changed by its owner alone, us or root (owned.check_code)."""
+  for p in paths:
+    try:
+      if p.exists(): check_code(str(p), 'artifact file' if p.is_file() else 'artifact folder')
+    except NotOwnedError as e: raise ArtifactError(f"{e}. An artifact is code: keep it writable by its owner alone") from None
 
 def _rebuild(m, d: pathlib.Path, extra_layout: str | None = None, extra_batch: int | None = None) -> str:
   """The command that built the artifact in d (DIR/<family>), writing to DIR: a copied or moved artifact is rebuilt
@@ -291,6 +300,7 @@ def load_artifact(path: str | os.PathLike, family: str, device: str | None = Non
   # second): a damaged install fails at once; the model files are hashed again on the very bytes loaded
   for fn, digest in m['files'].items():
     if not (d / fn).is_file(): raise bad(f"{fn} is missing")
+    trusted(d / fn)
     if (got := sha256_file(d / fn)) != digest: raise bad(_altered(fn, digest, got))
   here = target(device or Device.DEFAULT)
   if m['target']['device'] != here['device']: raise bad(f"built for device {m['target']['device']}, this process uses {here['device']}")

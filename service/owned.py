@@ -78,6 +78,21 @@ def open_private(path: str, flags: int, what: str = "file") -> int:
     raise
   return fd
 
+def check_code(path: str, what: str) -> None:
+  """NotOwnedError unless only we or root can change path (a file or folder whose contents this process runs, as an
+  artifact's pickles): its owner one of us, no write by others, nor by a group other than its owner's own private one."""
+  st = os.stat(path)
+  if st.st_uid not in (os.geteuid(), 0):
+    raise NotOwnedError(f"{what} {path} belongs to {account(st.st_uid)}: whoever can change it runs code as this process; refused")
+  if st.st_mode & 0o002 or (st.st_mode & 0o020 and not _private_group(st.st_uid, st.st_gid)):
+    raise NotOwnedError(f"{what} {path} is writable by other accounts (mode {stat.S_IMODE(st.st_mode):04o}): whoever can change "
+                        f"it runs code as this process; refused (chmod go-w)")
+
+def _private_group(uid: int, gid: int) -> bool:
+  """gid is the user-private group of uid (its primary group, of no other member): group write then adds no one."""
+  try: return pwd.getpwuid(uid).pw_gid == gid and not grp.getgrgid(gid).gr_mem and uid != 0
+  except KeyError: return False
+
 def own_socket_file(path: str) -> None:
   """A unix socket we just bound at path gets the file mode (bind() follows the umask)."""
   _own(path, check(path, os.lstat(path), "socket"), modes()[1])

@@ -1,6 +1,6 @@
 """Artifacts built by modeld-compile from tiny ONNX models (built once for this module), the loader's refusals, and the
 runners the daemons use every frame (frame history, camera buffers, outputs that outlive the next frame)."""
-import dataclasses, hashlib, json, os, pickle, shutil
+import dataclasses, hashlib, json, os, pickle, re, shutil
 import numpy as np
 import pytest
 from tinygrad.helpers import Context
@@ -155,6 +155,21 @@ def test_altered_pickle_is_never_unpickled(copy, tmp_path):
   (copy / 'road' / 'vision.pkl').write_bytes(pickle.dumps(Evil()))
   with pytest.raises(ArtifactError, match="vision.pkl does not match its sha256"): load_artifact(copy, 'road')
   assert not (tmp_path / 'pwned').exists()
+
+@pytest.mark.parametrize('what', ['pickle', 'manifest', 'folder', 'owner'])
+def test_an_artifact_another_account_can_change_is_refused(copy, what):
+  """An artifact is code: one that another account can write (a file or folder of it writable by others, or by a group
+  other than its owner's private one) or owns is refused by name before anything is unpickled; root's is taken."""
+  path = {'pickle': copy / 'road' / 'vision.pkl', 'manifest': copy / 'road' / 'manifest.json', 'folder': copy / 'road', 'owner': copy}[what]
+  if what == 'owner':
+    if os.geteuid() != 0: pytest.skip("giving a folder to another account needs root")
+    os.chown(path, 65534, -1)   # nobody's
+  else: path.chmod(path.stat().st_mode | 0o022)
+  want = 'belongs to uid 65534' if what == 'owner' else r'is writable by other accounts \(mode 0\d{3}\)'
+  with pytest.raises(ArtifactError, match=f"{re.escape(str(path))} {want}.*An artifact is code"): load_artifact(copy, 'road')
+  if what == 'owner': os.chown(path, 0, -1)
+  else: path.chmod(path.stat().st_mode & ~0o022)
+  assert load_artifact(copy, 'road').models
 
 def test_truncated_pickle_with_a_matching_hash_is_a_clear_error(copy):
   p = copy / 'road' / 'policy.pkl'
