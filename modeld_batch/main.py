@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from service import reader_left
 from service.extras import needs_extra
+from service.owned import private_umask
 
 HELP = """  modeld-batch ROUTE... --artifacts DIR --out DIR [--workers N] [--threads N] [--batch-frames N] [--gpus-per-worker F] [--address ADDR]
                       [--resume]
@@ -368,6 +369,7 @@ def cli(argv: list[str] | None) -> int:
 
 @needs_extra("modeld-batch", "batch")   # Ray and tqdm, and for the routes PyAV and zstandard: imported as they are needed
 def main(argv: list[str] | None = None) -> int:
+  private_umask()   # the outputs and summary, and a local Ray's files, this account's alone
   try:
     try: return cli(argv)
     finally: sys.stdout.flush()   # a reader that left shows here, not as an error Python prints at exit

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib, glob, json, logging, math, os, shutil, time, traceback, uuid
 from pathlib import Path
 import ray
+from service.owned import private_umask
 
 log = logging.getLogger("modeld-batch")
 COUNTS = "counts.json"   # beside a segment's rlog.zst, renamed with it: its counts, for the summary of a run that resumes it
@@ -146,6 +147,7 @@ class SegmentWorker:
   """Holds a worker's loaded artifacts and replays segments, as a daemon serves frames: one at a time, or with
   batch_frames > 1 that many side by side (an actor of as many threads: Ray's max_concurrency), their frames batched."""
   def __init__(self, artifacts: str, threads: int = 1, device: str | None = None, batch_frames: int = 1):
+    private_umask()   # a cluster's worker writes the outputs too
     self.runners = Runners(artifacts, threads, device, batch_frames)
 
   def where(self) -> str:

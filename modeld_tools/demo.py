@@ -9,6 +9,7 @@ from datetime import datetime
 from pathlib import Path
 import numpy as np
 from service.extras import needs_extra
+from service.owned import private_umask
 from dmonitoringd.fill_msgs import awareness
 
 HELP = """modeld-demo: the whole service on a synthetic scene, live in the terminal, compared with the scene's ground truth.
@@ -323,6 +324,7 @@ def build_artifacts(artifacts: str, scene) -> None:
 
 def main(argv: list[str] | None = None) -> int:
   args = parse_args(argv)
+  private_umask()   # its logs, scene, recording and video, and those of the stack it starts
   with needs_extra('modeld-demo', 'tools'):   # before anything is built or written: the stack it starts needs them
     import camerad.main, modeld_tools.record, modeld_tools.overlay  # noqa: F401
   if args.view:

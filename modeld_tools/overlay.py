@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from collections.abc import Iterator
 import numpy as np
 from service.extras import needs_extra
+from service.owned import private_umask
 with needs_extra('modeld-overlay', 'tools'):
   from PIL import Image, ImageDraw, ImageFont
 from cereal.services import CAMERAS
@@ -305,6 +306,7 @@ scene of --scene (camerad's frame id = scene frame), else a blank canvas of the 
   if args.frames is not None and args.frames < 1: p.error(f"--frames: expected >= 1, got {args.frames}")
   if args.width is not None and args.width < 16: p.error(f"--width: expected >= 16, got {args.width}")
   if args.prefix is not None: os.environ['OPENPILOT_PREFIX'] = args.prefix
+  private_umask()   # the pictures show the cabin: this account's alone
 
   from tqdm import tqdm
   if not args.live:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
 from service.extras import needs_extra
+from service.owned import private_umask
 from modelrt.constants import X_IDXS
 from dmonitoringd.fill_msgs import awareness
 
@@ -146,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument('--out', help='folder for the figures (default: ROUTE/plots, or plots/ next to a log file)')
   p.add_argument('--format', choices=FORMATS, default='png', help='file format (default: png)')
   args = p.parse_args(argv)
+  private_umask()
   route = Path(args.route)
   from oproute import log_files
   try: log_files(route, 'a')

@@ -9,6 +9,7 @@ from pathlib import Path
 from cereal.services import ANSWERS, CAMERA_OF_STREAM, CAMERA_STATE_SERVICES, CAMERAS, STREAM_OF_STATE, answer_streams
 from msgq import remove_stack
 from service.extras import needs_extra
+from service.owned import private_umask
 from modelrt.artifact import ArtifactError, camerad_layouts
 
 HELP = """modeld-replay: a route's frames through the daemons, compared with the outputs the route logged (openpilot's
@@ -111,6 +112,7 @@ example: modeld-replay realdata/2026-11-30--04-00-00--3 --artifacts artifacts --
   ap.add_argument("--frames", type=int, metavar="N", help="replay only the first N frames")
   ap.add_argument("--timeout", type=float, default=60., metavar="S", help="seconds to wait for the daemons to start and for each answer (default 60)")
   args = ap.parse_args(argv)
+  private_umask()   # the new route and the daemons' logs
   if not args.timeout > 0: ap.error(f"--timeout: expected S > 0, got {args.timeout}")
   if args.frames is not None and args.frames < 1: ap.error(f"--frames: expected >= 1, got {args.frames}")
   if args.tolerance is not None and not args.tolerance >= 0: ap.error(f"--tolerance: expected X >= 0, got {args.tolerance}")

@@ -78,6 +78,11 @@ def open_private(path: str, flags: int, what: str = "file") -> int:
     raise
   return fd
 
+def private_umask() -> None:
+  """From now on what this process (and a child it starts) creates is at most the stack's modes, whatever umask it got:
+  for tools writing plain files (pictures of the cabin, a job's outputs and summary)."""
+  os.umask(os.umask(0) | (0o077 if group() is None else 0o007))
+
 def check_code(path: str, what: str) -> None:
   """NotOwnedError unless only we or root can change path (a file or folder whose contents this process runs, as an
   artifact's pickles): its owner one of us, no write by others, nor by a group other than its owner's own private one."""

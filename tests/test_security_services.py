@@ -67,13 +67,15 @@ def loopback(ip: str) -> bool:
   a = ipaddress.ip_address(ip)
   return a.is_loopback or (a.version == 6 and a.ipv4_mapped is not None and a.ipv4_mapped.is_loopback)
 
-def test_local_ray_listens_on_loopback_only(scene, tiny_artifacts, tmp_path):
+def test_local_ray_listens_on_loopback_only_and_the_outputs_are_private(scene, tiny_artifacts, tmp_path):
   """Every TCP listener of a modeld-batch job that starts its own Ray (the driver, the GCS, the raylet, the agents and
   dashboard process, the worker), polled from its start to its end, is on loopback (before: the GCS, the raylet and the
   workers on every interface)."""
   import psutil
   write_route(tmp_path / 'r', scene, segments=1, frames=8)
-  p = start_batch(tmp_path / 'r', '--artifacts', tiny_artifacts, '--out', tmp_path / 'out', '--workers', '1')
+  old = os.umask(0)   # and its outputs are this account's alone whatever its umask (0644 and 0755 before)
+  try: p = start_batch(tmp_path / 'r', '--artifacts', tiny_artifacts, '--out', tmp_path / 'out', '--workers', '1')
+  finally: os.umask(old)
   seen: dict[str, set[str]] = {}   # process -> the addresses it listened on
   while p.poll() is None:
     for pid in [p.pid, *job_processes(p)]:
@@ -88,3 +90,6 @@ def test_local_ray_listens_on_loopback_only(scene, tiny_artifacts, tmp_path):
   print({k: sorted(v) for k, v in seen.items()})
   assert {'gcs_server', 'raylet'} <= set(seen), seen
   assert {k: v for k, v in seen.items() if not all(map(loopback, v))} == {}
+  made = [tmp_path / 'out', *(tmp_path / 'out').rglob('*')]
+  assert len(made) > 3 and {str(f.relative_to(tmp_path)): oct(f.stat().st_mode & 0o777) for f in made
+                            if f.stat().st_mode & 0o777 not in (0o700, 0o600)} == {}

@@ -128,8 +128,9 @@ def stack(tmp_path_factory):
     notify.close()
     cleanup_prefix(env['OPENPILOT_PREFIX'])
 
-def run(args, env=None, timeout=60) -> subprocess.CompletedProcess:
-  return subprocess.run([str(a) for a in args], env=env, capture_output=True, text=True, timeout=timeout)
+def run(args, env=None, timeout=60, umask: int | None = None) -> subprocess.CompletedProcess:
+  return subprocess.run([str(a) for a in args], env=env, capture_output=True, text=True, timeout=timeout,
+                        preexec_fn=None if umask is None else lambda: os.umask(umask))
 
 def decode(path: Path) -> list[tuple[int, np.ndarray]]:
   with av.open(str(path)) as c: return [(f.pts, f.to_ndarray(format='rgb24')) for f in c.decode(video=0)]
@@ -297,9 +298,11 @@ def test_overlay_draws_lanes_where_they_are(stack, tmp_path):
   assert np.abs(out[5:30, -40:-5] - raw[5:30, -40:-5]).max() <= 2             # the sky in the top right corner is not touched
 
 def test_overlay_driver(stack, tmp_path):
-  r = run([BIN / 'modeld-overlay', stack['route'], '--camera', 'driver', '--out', tmp_path, '--frames', '1', '--quiet'])
+  """The face drawn where it is; the picture of the cabin this account's alone under umask 0 (0644 before)."""
+  r = run([BIN / 'modeld-overlay', stack['route'], '--camera', 'driver', '--out', tmp_path / 'o', '--frames', '1', '--quiet'], umask=0)
   assert r.returncode == 0, r.stderr
-  png = next(tmp_path.glob('frame_*.png'))
+  png = next((tmp_path / 'o').glob('frame_*.png'))
+  assert (tmp_path / 'o').stat().st_mode & 0o777 == 0o700 and png.stat().st_mode & 0o777 == 0o600
   fid = int(png.stem.split('_')[1])
   raw = recorded(stack['route'], 'driver')[fid].astype(int)
   out = np.asarray(Image.open(png)).astype(int)
