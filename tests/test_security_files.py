@@ -1,7 +1,7 @@
 """Hostile files: every reader of routes, logs and videos as a real process on a decompression bomb and other garbage
 (refused naming the file and where, in bounded memory: peak RSS of the reader measured by the kernel), and recordings
 that belong to their user alone (0700/0600 whatever the umask, symlinks and other accounts' paths refused by name)."""
-import bz2, os, re, resource, stat, struct, subprocess, sys, tempfile, threading
+import bz2, os, re, resource, stat, struct, subprocess, sys, tempfile
 from fractions import Fraction
 from pathlib import Path
 import av, numpy as np, pytest
@@ -19,25 +19,30 @@ GIB = 1 << 30
 MAX_RSS_MB = 300   # the issue's bound on a reader's peak memory for a 1 GiB bomb
 GUARD = 8 * GIB    # address space a reader may take: the old readers' 9 GiB would take the machine down before failing
 
+# Launches a reader and reports its exit code and peak RSS. A process's peak RSS counts, from its exec, the memory of the
+# process it was forked from (Linux keeps the old mm's high-water mark): from the test process, grown by the suite, every
+# reader would count hundreds of MB it never had. Forked from this small launcher instead, it counts the launcher's.
+LAUNCHER = """import os, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[2]),) * 2)
+if (pid := os.fork()) == 0: os.execv(sys.argv[3], sys.argv[3:])
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as f: f.write(f"{os.waitstatus_to_exitcode(status)} {usage.ru_maxrss}")"""
+
 def run_reader(*args, timeout: float = 60) -> tuple[int, str, int]:
-  """(exit code, stdout and stderr, peak RSS in MB) of a reader run as a real process: the kernel's count of the child
-  (and of what it waited for), from wait4."""
-  def limit() -> None: resource.setrlimit(resource.RLIMIT_AS, (GUARD, GUARD))
-  with tempfile.TemporaryFile() as out:
-    p = subprocess.Popen([sys.executable, *map(str, args)], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, preexec_fn=limit)
-    done = []
-    waiter = threading.Thread(target=lambda: done.append(os.wait4(p.pid, 0)))
-    waiter.start()
-    waiter.join(timeout)
-    if not done:   # a hang: ended here, and the test fails saying so
-      p.kill()
-      waiter.join()
-    _, status, usage = done[0]
-    p.returncode = rc = os.waitstatus_to_exitcode(status)   # reaped here: Popen must not wait for it again
-    out.seek(0)
-    text = out.read().decode(errors="replace")
+  """(exit code, stdout and stderr, peak RSS in MB) of a reader run as a real process under an address-space guard: the
+  kernel's count of it (and of what it waited for), from wait4."""
+  with tempfile.TemporaryDirectory() as d, open(out := os.path.join(d, "out"), "wb") as f:
+    p = subprocess.Popen([sys.executable, "-c", LAUNCHER, usage := os.path.join(d, "usage"), str(GUARD), sys.executable, *map(str, args)],
+                         cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    try: p.wait(timeout)
+    except subprocess.TimeoutExpired:   # a hang: ended here, and the test fails saying so
+      os.killpg(p.pid, 9)
+      p.wait()
+    text = open(out, "rb").read().decode(errors="replace")
+    try: rc, kb = map(int, open(usage).read().split())
+    except (OSError, ValueError): rc, kb = -9, 0
   if rc == -9: pytest.fail(f"{' '.join(map(str, args))}: killed after {timeout} s (or by the kernel): {text[-2000:]}")
-  return rc, text, usage.ru_maxrss // 1024
+  return rc, text, kb // 1024
 
 def event(which: str, t: int) -> bytes:
   msg = messaging.new_message(which, logMonoTime=t)
