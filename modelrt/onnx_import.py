@@ -78,7 +78,8 @@ def _channels_last(x: Tensor) -> Tensor:
 def _relu(x: Tensor) -> Tensor: return _channels_last(x.relu())
 
 WINOGRAD_MODES = ('rule', 'all', 'off')
-WINOGRAD_MIN_PIXELS = 32 * 64   # the rule: Winograd where a conv's image has at least this many pixels (docs/PERFORMANCE.md)
+WINOGRAD_MIN_PIXELS = 32 * 32   # the rule: Winograd where a conv's image has at least this many pixels, whatever the batch:
+                                # a batched build's rows must match the one-frame model's (bench/layers.py, docs/PERFORMANCE.md)
 _winograd_rule = False
 
 @contextlib.contextmanager
