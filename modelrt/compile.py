@@ -323,7 +323,7 @@ CACHEDB=path moves tinygrad's compile cache.""".format(contracts=', '.join(sorte
                   "searches with an ETA, and tinygrad caches them per machine), faster replay (default 0: off)")
   ap.add_argument('--winograd', nargs='?', const='all', default='rule', choices=('rule', 'all', 'off'), help="which dense 3x3 "
                   "stride-1 convolutions of ONNX models run as Winograd F(4x4, 3x3) (tinygrad's WINO: fewer multiplies, more memory "
-                  "traffic): rule (default) those on images of at least 32x64 pixels, where it was measured faster; all (also a bare "
+                  "traffic): rule (default) those on images of at least 32x32 pixels a frame, where it was measured faster; all (also a bare "
                   "--winograd); off")
   ap.add_argument('--schedule', choices=('shape', 'tinygrad'), help="shape (the CPU's default): convolution and matmul kernels "
                   "vectorized and register-blocked by rules from their shapes and the CPU's vector width, the same on every machine of "
