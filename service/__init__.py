@@ -3,10 +3,9 @@ notify() (sd_notify: READY=1, WATCHDOG=1, STATUS=), Watchdog, setup_logging() (o
 rate-limited), StopFlag (SIGTERM/SIGINT end the loop after its frame), Stats (a summary line per interval, never per frame).
 """
 from __future__ import annotations
-import argparse, logging, os, signal, socket, sys, time
+import argparse, logging, os, signal, socket, statistics, sys, time
 from collections import defaultdict
 from typing import NoReturn
-import numpy as np
 
 def _notify_addr() -> str | None:
   addr = os.environ.get('NOTIFY_SOCKET')
@@ -170,7 +169,7 @@ class Stats:
     parts = [f"rate={self.counts.get(self.rate_key, 0) / dt:.1f}Hz"] if dt > 0 else []
     parts += [f"{k}={v}" for k, v in sorted(self.counts.items())]
     parts += [f"{k}={v:.2f}" for k, v in sorted(self.gauges.items())]
-    parts += [f"{k}_ms_p50={np.median(v) * 1e3:.1f} {k}_ms_max={max(v) * 1e3:.1f}" for k, v in sorted(self.times.items()) if v]
+    parts += [f"{k}_ms_p50={statistics.median(v) * 1e3:.1f} {k}_ms_max={max(v) * 1e3:.1f}" for k, v in sorted(self.times.items()) if v]
     return ' '.join(parts)
 
   def totals_line(self) -> str: return ' '.join(f"{k}={v}" for k, v in sorted(self.totals.items())) or 'nothing counted'
