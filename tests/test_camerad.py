@@ -59,10 +59,12 @@ def connect(streams) -> dict[int, VisionIpcClient]:
   return clients
 
 def lockstep_frames(p: subprocess.Popen, streams: list[int], answer: list[str], on_frame) -> list[int]:
-  """Like a daemon: publish the answer services, connect to the streams, then receive each stream's next frame, check
-  it (on_frame(stream, buf)) and answer with its frame id; until camerad exits."""
+  """Like a daemon: publish the answer services, connect to the streams, subscribe to their camera states (a daemon's
+  sign that it is ready), then receive each stream's next frame, check it (on_frame(stream, buf)) and answer with its
+  frame id; until camerad exits."""
   pm, ids = messaging.PubMaster(answer), []
   clients = connect(streams)
+  sm = messaging.SubMaster([CAMERA_STATE_SERVICES[s] for s in streams])   # without it camerad waits its whole timeout
   try:
     while True:
       bufs = {}
@@ -82,6 +84,7 @@ def lockstep_frames(p: subprocess.Popen, streams: list[int], answer: list[str], 
         pm.send(svc, msg)
   finally:
     pm.close()
+    sm.close()
     for c in clients.values(): c.close()
 
 def planes_equal(buf, ref: np.ndarray) -> bool:
@@ -174,7 +177,7 @@ def test_lockstep_skips_what_is_not_its_answer(scene_file):
   try:
     wait_for_server(p)
     (client,) = connect([ROAD]).values()
-    ids = []
+    sm, ids = messaging.SubMaster(["roadCameraState"]), []   # ready, as a daemon says it: camerad need not wait its timeout
     while p.poll() is None:
       if (buf := client.recv(200)) is None: continue
       ids.append(buf.frame_id)
@@ -187,6 +190,7 @@ def test_lockstep_skips_what_is_not_its_answer(scene_file):
       answer.modelV2.frameId = ids[-1]
       pm.send("modelV2", answer)
     client.close()
+    sm.close()
     rc, err = finish(p)
     assert rc == 0 and ids == list(range(TINY["frames"])) and "Traceback" not in err, (ids, err)
     assert "lockstep: malformed modelV2 ignored: expected a modelV2 message, got carState" in err, err   # the rest rate-limited
