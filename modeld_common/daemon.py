@@ -150,11 +150,7 @@ class Daemon:
     from then on: a restarted camera's frames wait in the kept clients meanwhile."""
     if self.sm is None:
       from cereal import messaging
-      from cereal.services import CAMERA_STATE_SERVICES
-      # the camera states last: a reader on one (what camerad --lockstep and harnesses wait for) then means every other
-      # input is live too (a log's calibration, sent once before frame 0, was lost under load)
-      states = set(CAMERA_STATE_SERVICES.values())
-      self.sm = messaging.SubMaster(sorted(self.subscribes, key=lambda s: s in states))
+      self.sm = messaging.SubMaster(self.subscribes)
     return self.sm
 
   def ready(self) -> None:
