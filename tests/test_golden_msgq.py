@@ -1,9 +1,10 @@
 """The shm transport and VisionIPC against golden bytes captured from openpilot's own msgq and VisionIPC (commaai/msgq):
 the queue files its writer made, what its readers read next from each, its VisionIPC server's replies, frame packets
-and buffers, and what its client made of them. The data lies beside the checkout (../shared/golden/msgq: a README and
-manifest.json describe every file, its fields and its per-run bytes); where it is absent, every test here skips saying so.
+and buffers, and what its client made of them. MSGQ_GOLDEN names the folder (a README and manifest.json describe every
+file, its fields and its per-run bytes; CI sets it); where it is unset or absent, every test here skips saying so.
 Only the bytes the manifest masks as per-run (uids, server ids, addresses, fds, padding) are left out of the comparisons."""
 import gzip, hashlib, json, os, socket, struct, threading
+from pathlib import Path
 import numpy as np
 import pytest
 import msgq
@@ -11,16 +12,15 @@ from msgq.pubsub import prefix
 from msgq.shmq import HEADER, Queue, queue_path
 from msgq.visionipc import VisionIpcClient, VisionIpcServer
 from msgq.visionipc.wire import request, socket_path
-from tests.artifacts import REPO
 
-GOLDEN = REPO.parent / 'shared' / 'golden' / 'msgq'
+GOLDEN = Path(os.environ.get('MSGQ_GOLDEN', ''))
 HDR = struct.Struct("<3Q15Q15Q15Q")   # num_readers, write_pointer, write_uid, read_pointers, read_valids, read_uids
 EP = 'golden'
 
 @pytest.fixture(scope='module')
 def manifest() -> dict:
-  if not (GOLDEN / 'manifest.json').is_file():
-    pytest.skip(f"no golden data from openpilot's msgq at {GOLDEN} (a checkout with ../shared/golden/msgq beside it has it)")
+  if not os.environ.get('MSGQ_GOLDEN'): pytest.skip("no golden data from openpilot's msgq: MSGQ_GOLDEN names no folder of captured bytes")
+  if not (GOLDEN / 'manifest.json').is_file(): pytest.skip(f"no golden data from openpilot's msgq: no manifest.json in MSGQ_GOLDEN={GOLDEN}")
   return json.loads((GOLDEN / 'manifest.json').read_text())
 
 @pytest.fixture(autouse=True)
