@@ -70,10 +70,10 @@ def loopback(ip: str) -> bool:
 def test_local_ray_listens_on_loopback_only_and_the_outputs_are_private(scene, tiny_artifacts, tmp_path):
   """Every TCP listener of a modeld-batch job that starts its own Ray (the driver, the GCS, the raylet, the agents and
   dashboard process, the worker), polled from its start to its end, is on loopback (before: the GCS, the raylet and the
-  workers on every interface)."""
+  workers on every interface); and what the job writes is 0700/0600 under umask 0 (0777/0666 before)."""
   import psutil
   write_route(tmp_path / 'r', scene, segments=1, frames=8)
-  old = os.umask(0)   # and its outputs are this account's alone whatever its umask (0644 and 0755 before)
+  old = os.umask(0)
   try: p = start_batch(tmp_path / 'r', '--artifacts', tiny_artifacts, '--out', tmp_path / 'out', '--workers', '1')
   finally: os.umask(old)
   seen: dict[str, set[str]] = {}   # process -> the addresses it listened on
