@@ -20,6 +20,7 @@ LOCKSTEP_FIRST_SETTLE_S = 0.1   # the first frame's (a log's calibration, republ
 # takes its subscriptions live when it next polls (every 0.1 s while idle); at most LOCKSTEP_READERS_S for a reader each
 LOCKSTEP_CONNECT_S = RECONNECT_IVL_MAX_S + 0.2
 LOCKSTEP_READERS_S = 2.
+LOCKSTEP_STATE_S = 10.   # for a process with a camera client to read that camera's state (a daemon's warm-up)
 
 class Lockstep:
   """Waits for the daemons' outputs (frameId == the frame just sent) before the next frame is sent."""
@@ -48,13 +49,18 @@ class Lockstep:
         raise LockstepTimeout(f"--lockstep: no VisionIPC client for {', '.join(missing)} within {self.timeout:g} s: is the daemon running?")
       self.idle()
       time.sleep(0.01)
-    # the daemons subscribe once they can take a frame (models warmed up, after their camera clients): a reader on the
-    # state of each camera whose frame an answer carries is that. Past the deadline, a daemon that takes none (another
-    # program's) is not waited for
-    states = [s for s in dict.fromkeys(CAMERA_STATE_SERVICES[t] for t in self.expect.values()) if s in pm.sock]
-    while not self.stop and time.monotonic() < deadline and not all(pm.all_readers_updated(s) for s in states):
+    # the daemons subscribe once they can take a frame (models warmed up, after their camera clients), their camera's
+    # state after every other input: each process with a client on a stream reading that stream's state is that (any
+    # reader would not do: a recorder's came first). A client's process that takes none (another program's) is waited
+    # for LOCKSTEP_STATE_S from when its client came
+    seen, waiting = {}, {}   # a client's process -> when it was first seen with a client; those not subscribed yet
+    while not self.stop and time.monotonic() < deadline:
+      now, waiting = time.monotonic(), self.unsubscribed(server, pm)
+      if all(now - seen.setdefault(pid, now) >= LOCKSTEP_STATE_S for pid in waiting): break
       self.idle()
       time.sleep(0.01)
+    for pid, s in waiting.items():
+      if not self.stop: log.warning("--lockstep: process %d holds a %s client, does not read %s: not waited for", pid, CAMERA_OF[s], CAMERA_STATE_SERVICES[s])
     readers_deadline = time.monotonic() + LOCKSTEP_READERS_S
     while not self.stop and (time.monotonic() < since + LOCKSTEP_CONNECT_S or
                              (time.monotonic() < readers_deadline and not all(pm.all_readers_updated(s) for s in pm.sock))):
@@ -63,6 +69,10 @@ class Lockstep:
     # subscribe now: a daemon's publisher is normally up once its camera client is, and a subscription to a running
     # publisher is live when sub_sock returns, so the answer to the first frame cannot slip by while connecting
     self.socks = {s: messaging.sub_sock(s, timeout=100) for s in self.expect}   # not conflated: no answer is missed
+
+  def unsubscribed(self, server: VisionIpcServer, pm) -> dict[int, int]:
+    """The processes with a client on a waited-for stream that do not read its camera state yet -> the stream."""
+    return {pid: s for s in self.clients for pid in server.reader_pids(s) - pm.sock[CAMERA_STATE_SERVICES[s]].reader_pids()}
 
   def wait(self, frame_ids: dict[int, int]) -> None:
     """frame_ids: the frame just sent on each stream."""

@@ -150,7 +150,10 @@ class Daemon:
     from then on: a restarted camera's frames wait in the kept clients meanwhile."""
     if self.sm is None:
       from cereal import messaging
-      self.sm = messaging.SubMaster(self.subscribes)
+      from cereal.services import CAMERA_STATE_SERVICES
+      # the camera states last: a lockstep camera takes this process reading them as every input live
+      states = set(CAMERA_STATE_SERVICES.values())
+      self.sm = messaging.SubMaster(sorted(self.subscribes, key=lambda s: s in states))
     return self.sm
 
   def ready(self) -> None:

@@ -107,6 +107,12 @@ class PubSocket:
     """shm: a reader is registered and every one has read everything sent; zmq: a reader is subscribed."""
     return self._s.all_readers_updated()
 
+  def reader_pids(self) -> set[int]:
+    """The local processes reading this endpoint (not TCP peers). Not in openpilot's API: a lockstep camera tells by it
+    that the process holding its camera client has subscribed. One that closed its subscription may stay listed while
+    it lives (neither transport says which subscriber left)."""
+    return self._s.reader_pids()
+
   def wait_for_readers(self, timeout: float = 1.0, interval: float = 0.001) -> None:
     """Wait until all_readers_updated(); TimeoutError after `timeout` s, as openpilot's."""
     deadline = time.monotonic() + timeout

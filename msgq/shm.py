@@ -33,6 +33,7 @@ class PubSocket:
 
   def taken_over(self) -> bool: return self.superseded or (self.q is not None and not self.q.is_publisher())
   def all_readers_updated(self) -> bool: return self.q is not None and self.q.all_readers_updated()
+  def reader_pids(self) -> set[int]: return set() if self.q is None else self.q.reader_pids()
 
   def close(self) -> None:
     if self.q is not None: self.q.close(); self.q = None

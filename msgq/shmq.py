@@ -69,6 +69,12 @@ def wakeable(tid: int) -> int:
   try: return tid if int(got[b"Uid"][1]) == os.geteuid() and (int(got[b"SigIgn"][0], 16) | int(got[b"SigCgt"][0], 16)) >> 11 & 1 else 0
   except (KeyError, IndexError, ValueError): return 0
 
+def process_of(tid: int) -> int | None:
+  """The process a thread id belongs to (its Tgid), None for no live thread."""
+  try:
+    with open(f"/proc/{tid}/status", "rb") as f: return int(next(l for l in f if l.startswith(b"Tgid:")).split()[1])
+  except (OSError, ValueError, StopIteration): return None
+
 def thread_signal(tid: int) -> None:
   """SIGUSR2 to one thread (openpilot's thread_signal), where wakeable() says it is a reader of ours."""
   n = _native or native()
@@ -190,6 +196,11 @@ class Queue:
     w = self.w
     readers, wp = min(w[NUM_READERS_W], NUM_READERS), w[WRITE_POINTER]
     return readers > 0 and all(w[READ_UIDS + i] and (not w[READ_VALIDS + i] or w[READ_POINTERS + i] == wp) for i in range(readers))
+
+  def reader_pids(self) -> set[int]:
+    """The processes of the registered readers (each slot names the thread that reads it)."""
+    w = self.w
+    return {p for i in range(min(w[NUM_READERS_W], NUM_READERS)) if (uid := w[READ_UIDS + i]) and (p := process_of(uid & LOW))}
 
   # ---- subscriber ----
   def init_subscriber(self) -> None:

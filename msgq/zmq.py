@@ -21,6 +21,7 @@ RECONNECT_IVL_MAX_S = 0.5             # a subscriber re-tries a missing publishe
 PUMP_S = 0.1                          # a publisher's thread applies subscriptions and looks for a newer publisher this often
 ZERO_COPY_MIN = 64 * 1024             # bytes objects this large are sent without a copy (pyzmq: slower below)
 IN_FLIGHT_WAIT_MS = 100               # a receive waits this long at most for messages its publisher has sent
+MAX_PIDS = 64                         # subscriber processes remembered before the gone ones are dropped
 LIVE_TOPIC = b"\xffmsgq-live:"        # + a token: a subscription that asks to hear when the one before it is live
 LIVE_ADDR = b"\0msgq-live-"           # + the token: where the subscriber waits to hear it (abstract: no file to clean up)
 _UCRED = struct.Struct("3i")          # struct ucred: pid, uid, gid
@@ -109,6 +110,7 @@ class _PubState:
   def __init__(self, sock: zmq.Socket, path: str, owner: mmap.mmap, uid: bytes, tcp):
     self.sock, self.path, self.owner, self.uid, self.sent, self.tcp = sock, path, owner, uid, 0, tcp
     self.readers, self.mutex, self.closed, self.superseded = 0, threading.Lock(), False, False
+    self.pids: dict[int, int] = {}   # local subscribers' processes -> their subscriptions (the kernel's word, via libzmq)
 
   def is_owner(self) -> bool: return self.owner[:8] == self.uid
 
@@ -122,16 +124,26 @@ class _PubState:
   def process(self) -> None:
     # caller holds the mutex; reading EVENTS makes ZMQ attach new subscribers and queue their (un)subscriptions
     while self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-      sub = self.sock.recv(zmq.NOBLOCK)
-      kind, topic = sub[:1], sub[1:]
+      frame = self.sock.recv(zmq.NOBLOCK, copy=False)
+      kind, topic, pid = frame.bytes[:1], frame.bytes[1:], _peer_pid(frame)
       if topic.startswith(LIVE_TOPIC):   # never applied, not a reader; its subscriber drops it once it has heard
         if kind == b"\x01": _tell_live(topic[len(LIVE_TOPIC):], self.owner[:_OWNER.size])
       elif kind == b"\x01":
         self.sock.setsockopt(zmq.SUBSCRIBE, topic)
         self.readers += 1
+        if pid is not None:
+          self.pids[pid] = self.pids.get(pid, 0) + 1
+          if len(self.pids) > MAX_PIDS: self.pids = {p: n for p, n in self.pids.items() if os.path.exists(f"/proc/{p}")}
       elif kind == b"\x00":   # a subscriber left (our subscribers never unsubscribe while connected)
         self.sock.setsockopt(zmq.UNSUBSCRIBE, topic)
         self.readers = max(0, self.readers - 1)
+        if pid is not None and (n := self.pids.pop(pid, 0)) > 1: self.pids[pid] = n - 1
+
+def _peer_pid(frame: zmq.Frame) -> int | None:
+  """The process that sent a local subscription: libzmq gives an ipc peer's credentials (SO_PEERCRED) as its
+  Peer-Address, "...:uid:gid:pid". None where it cannot tell (a left peer's unsubscription carries none)."""
+  try: return int(frame.get("Peer-Address").rsplit(":", 1)[1])
+  except (zmq.ZMQError, ValueError, IndexError, TypeError): return None
 
 def _tell_live(token: bytes, owner: bytes) -> None:
   """One datagram to the subscriber waiting on `token`: every subscription it made before the token is applied, and
@@ -217,6 +229,13 @@ class PubSocket:
     return n
 
   def taken_over(self) -> bool: return self._st.superseded or (not self._st.closed and not self._st.is_owner())
+
+  def reader_pids(self) -> set[int]:
+    """The local processes subscribed (a process that left without a word is dropped once it is gone)."""
+    with self._st.mutex:
+      if self._st.closed: return set()
+      self._st.process()
+      return {p for p in self._st.pids if os.path.exists(f"/proc/{p}")}
 
   def all_readers_updated(self) -> bool:
     """True when at least one reader is subscribed. ZMQ delivers every message to every subscribed reader in

@@ -198,12 +198,17 @@ def test_lockstep_skips_what_is_not_its_answer(scene_file):
     pm.close()
     if p.poll() is None: p.kill()
 
-def test_lockstep_waits_for_a_daemon_that_subscribes_after_its_warm_up(scene_file):
+@pytest.mark.parametrize("recorder", [False, True], ids=["alone", "beside-a-recorder"])
+def test_lockstep_waits_for_a_daemon_that_subscribes_after_its_warm_up(scene_file, recorder):
   """A daemon connects its camera clients, then warms its models up and only then subscribes (a reader means ready, as
   openpilot's modeld): camerad sends frame 0 only once the camera's state has that reader, however long the warm-up
-  (here 3 s, over the 2 s camerad gives readers of its other messages), so frame 0's state reaches the daemon."""
+  (here 3 s, over the 2 s camerad gives readers of its other messages), so frame 0's state reaches the daemon. Also
+  when another process (a recorder) read the camera's state first: its reader is not the daemon's."""
+  rec = subprocess.Popen([sys.executable, "-c", "from cereal import messaging; import sys, time; s = messaging.sub_sock('roadCameraState'); "
+                          "print('subscribed', flush=True); time.sleep(60)"], cwd=ROOT, stdout=subprocess.PIPE, text=True) if recorder else None
   p = camerad("--source", f"synthetic:{scene_file}", "--cameras", "road", "--lockstep", "--lockstep-timeout", "10")
   try:
+    if rec is not None: assert rec.stdout.readline() == "subscribed\n"
     wait_for_server(p)
     (client,) = connect([ROAD]).values()
     time.sleep(3)   # the warm-up
@@ -215,6 +220,7 @@ def test_lockstep_waits_for_a_daemon_that_subscribes_after_its_warm_up(scene_fil
     client.close(); sock.close()
   finally:
     if p.poll() is None: p.kill(); p.communicate()
+    if rec is not None: rec.kill(); rec.wait()
 
 BAD_OPTIONS = [   # (options after --source synthetic:SCENE unless they give their own --source, what stderr says)
   (["--fps", "0"], "--fps: expected 0 < F <= 1000, got 0.0"),

@@ -285,6 +285,32 @@ def test_zmq_readers_follow_subscribers():
   assert pub._s.readers == 0
   pub.close()
 
+def test_reader_pids_name_each_subscribing_process(transport):
+  """A publisher can tell which local processes read it (a lockstep camera waits for its clients' processes): not the
+  publisher's own before it subscribes, then a child's and ours, each by its pid."""
+  pub = msgq.pub_sock("ep")
+  assert pub.reader_pids() == set()
+  ctx = multiprocessing.get_context("spawn")
+  parent, conn = ctx.Pipe()
+  p = ctx.Process(target=_subscribed, args=("ep", conn))
+  p.start()
+  try:
+    assert parent.recv() == "subscribed"
+    deadline = time.monotonic() + 5
+    while pub.reader_pids() != {p.pid}: assert time.monotonic() < deadline, (pub.reader_pids(), p.pid); time.sleep(0.01)
+    sub = msgq.sub_sock("ep")
+    while pub.reader_pids() != {p.pid, os.getpid()}: assert time.monotonic() < deadline, pub.reader_pids(); time.sleep(0.01)
+    sub.close()
+  finally:
+    p.kill(); p.join()
+  pub.close()
+
+def _subscribed(endpoint: str, conn) -> None:
+  sub = msgq.sub_sock(endpoint)
+  conn.send("subscribed")
+  time.sleep(60)
+  sub.close()
+
 def test_what_was_sent_is_there_for_the_receive_that_follows(transport):
   """openpilot's msgq: a message is in the queue when send returns. The zmq transport delivers on I/O threads, so a
   confirmed local subscriber waits for what its publisher has counted as sent (docs/MSGQ.md)."""

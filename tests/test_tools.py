@@ -34,6 +34,7 @@ sc = load_scene(sys.argv[1])
 pm = messaging.PubMaster(['modelV2', 'driverStateV2', 'driverMonitoringState'])
 clients = {s: VisionIpcClient('camerad', s, conflate=False) for s in (ROAD, DRIVER)}
 for c in clients.values(): c.connect(blocking=True)
+states = [messaging.sub_sock(s) for s in ('roadCameraState', 'driverCameraState')]   # as a daemon, once ready: lockstep waits for it
 print('ready', flush=True)
 sys.stdin.readline()   # go: the recorder and the live overlay are up
 while True:

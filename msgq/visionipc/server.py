@@ -109,6 +109,10 @@ class VisionIpcServer:
     s = self._streams[stream]
     return s.handshakes > 0 and s.pub.all_readers_updated()
 
+  def reader_pids(self, stream: int) -> set[int]:
+    """The processes whose clients are subscribed to the stream's frame packets."""
+    return self._streams[stream].pub.reader_pids()
+
   def close(self) -> None:
     """Stop the listener, remove the socket and lock files, close the topics and buffers. Idempotent."""
     if self._closed: return
