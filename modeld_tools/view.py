@@ -348,7 +348,10 @@ def log_route(view: View, files: list[Path], videos: dict, stop) -> None:
   """Every event of the route in log order; each camera's recorded frames at their EncodeIdx events. Frames before the
   route's first calibration are drawn with it (a recording often starts between two)."""
   from oproute import LogReader
-  from oproute.video import ENCODE_IDX_OF
+  from oproute.video import ENCODE_IDX_OF, VideoError
+  for cam, v in videos.items():   # each stream's size before its first picture: an answer may be logged before its frame's EncodeIdx
+    try: view.full[cam] = v.size()
+    except VideoError: pass
   for ev in LogReader(files, sort_by_time=True):
     if stop: break
     if (cam := ENCODE_IDX_OF.get(ev.which())) is None: view.event(ev)

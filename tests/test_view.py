@@ -126,6 +126,31 @@ def test_route_to_rrd(stack, tmp_path):
   t0, eof = min(e.logMonoTime for e in evs), {e.roadEncodeIdx.frameId: e.roadEncodeIdx.timestampEof for e in evs if e.which() == 'roadEncodeIdx'}
   assert np.abs(np.array(rows['/road/image']['mono_time']) - [eof[f] - t0 for f in rows['/road/image']['frame']]).max() < 1000
 
+def test_answers_logged_before_their_pictures_are_drawn_at_the_streams_size(stack, tmp_path):
+  """A recorder may log a frame's answer before its EncodeIdx (written from the camera's thread): the projection then
+  takes the stream's size from the route's video, not a sensor's full size until a picture came (frame 0's lanes were
+  120-160 px off)."""
+  import shutil, zstandard
+  from oproute import LogReader
+  shutil.copytree(stack['route'], route := tmp_path / 'route')
+  for seg in route.iterdir():
+    (seg / 'qlog.zst').unlink(missing_ok=True)
+    state = {e.roadCameraState.frameId: e.logMonoTime for e in LogReader(seg / 'rlog.zst') if e.which() == 'roadCameraState'}
+    evs = []
+    for e in LogReader(seg / 'rlog.zst'):
+      b = e.as_builder()
+      if e.which() == 'modelV2': b.logMonoTime = state[e.modelV2.frameId] + 1   # before the frame's roadEncodeIdx
+      evs.append(b.to_bytes())
+    (seg / 'rlog.zst').write_bytes(zstandard.ZstdCompressor().compress(b''.join(evs)))
+  r = subprocess.run([BIN / 'modeld-view', route, '--save', out := tmp_path / 'route.rrd'], capture_output=True, text=True, timeout=60)
+  assert r.returncode == 0, r.stderr
+  sc, lanes = stack['scene'], read_rrd(out)['/road/lanes']
+  fid, strips = lanes['frame'][0], lanes['LineStrips2D:strips'][0]
+  assert fid == 0
+  for line, strip in zip(sc.truth(fid)['road']['lane_lines'], strips):
+    u, v = road_pixel(sc, 20., float(np.interp(20., X_IDXS, line['y'])))
+    assert near_polyline((u, v), strip) < 1.0, (u, v)
+
 def test_live(stack):
   rc, out, err = stack['live']
   assert rc == 0, err
