@@ -14,6 +14,10 @@ from modelrt import internals
 BLOCK = 8       # accumulator vectors per kernel iteration: enough independent FMA chains to hide their latency
 LAUNCHES = 16   # a scheduled kernel's launches (tinygrad's THREAD opt): what `--threads N` shares out; NUM_CPU_THREADS in a build
 
+# clang makes 256-bit vectors on most AVX-512 CPUs (-march=native) and then leaves a kernel's 16-wide loops split or
+# scalar (batched frames worst): the kernels written for 16 lanes ask for 512-bit ones (docs/PERFORMANCE.md)
+WIDE = 'prefer-vector-width=512'
+
 def vector_width(features: list[str]) -> int:
   """float32 lanes of the widest vector registers the instruction-set features (modelrt.artifact.cpu_features) give."""
   return 16 if 'avx512f' in features else 8 if 'avx' in features else 4
@@ -94,10 +98,14 @@ def scheduled(device: str, width: int) -> Iterator[None]:
   (KernelInfo.opts_to_apply, part of its cache key, honoured by the compile workers too) before tinygrad compiles it,
   and under BEAM applied before the search, which goes on from them. Kernels launch in LAUNCHES parts on any machine,
   and loads and stores stay scalar for clang's vectorizer (tinygrad's DMC): tinygrad's float4 loads split the 16-wide
-  weight vectors clang would otherwise make (a conv 2.3x slower)."""
+  weight vectors clang would otherwise make (a conv 2.3x slower). 16 lanes on x86: clang is asked for 512-bit vectors."""
   from tinygrad import Device
   from tinygrad.engine.worker import terminate_worker_pool
-  ren = Device[device].renderer   # a ClangRenderer: build_family refuses the shape schedule elsewhere
+  from tinygrad.helpers import DEV
+  t = Device[device].renderer.target   # a ClangRenderer's: build_family refuses the shape schedule elsewhere
+  if width == 16 and t.arch.startswith('x86_64') and WIDE not in t.arch: t = dataclasses.replace(t, arch=f"{t.arch},{WIDE}")
+  target = Context(DEV=[t, *DEV.value])   # its renderer compiles with these flags, in the compile workers too (it travels)
+  with target: ren = Device[device].renderer
   @functools.cache
   def with_opts(ast: UOp) -> UOp:
     if not any(u.op is Ops.REDUCE for u in ast.toposort()) or not (opts := conv_opts(scheduler(ast, ren), width)): return ast
@@ -125,5 +133,5 @@ def scheduled(device: str, width: int) -> Iterator[None]:
   dmc('1')
   try:
     with internals.wrapped('tinygrad.engine.realize', 'lower_and_compile', lower_and_compile), \
-         internals.wrapped('tinygrad.codegen.opt.search', 'beam_search', beam_search), Context(NUM_CPU_THREADS=LAUNCHES): yield
+         internals.wrapped('tinygrad.codegen.opt.search', 'beam_search', beam_search), Context(NUM_CPU_THREADS=LAUNCHES), target: yield
   finally: dmc(saved)
