@@ -110,7 +110,7 @@ class _PubState:
   def __init__(self, sock: zmq.Socket, path: str, owner: mmap.mmap, uid: bytes, tcp):
     self.sock, self.path, self.owner, self.uid, self.sent, self.tcp = sock, path, owner, uid, 0, tcp
     self.readers, self.mutex, self.closed, self.superseded = 0, threading.Lock(), False, False
-    self.pids: dict[int, int] = {}   # local subscribers' processes -> their subscriptions (the kernel's word, via libzmq)
+    self.pids: set[int] = set()   # local subscribers' processes (the kernel's word, via libzmq); gone ones kept till pruned
 
   def is_owner(self) -> bool: return self.owner[:8] == self.uid
 
@@ -125,25 +125,26 @@ class _PubState:
     # caller holds the mutex; reading EVENTS makes ZMQ attach new subscribers and queue their (un)subscriptions
     while self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
       frame = self.sock.recv(zmq.NOBLOCK, copy=False)
-      kind, topic, pid = frame.bytes[:1], frame.bytes[1:], _peer_pid(frame)
+      kind, topic = frame.bytes[:1], frame.bytes[1:]
       if topic.startswith(LIVE_TOPIC):   # never applied, not a reader; its subscriber drops it once it has heard
         if kind == b"\x01": _tell_live(topic[len(LIVE_TOPIC):], self.owner[:_OWNER.size])
       elif kind == b"\x01":
         self.sock.setsockopt(zmq.SUBSCRIBE, topic)
         self.readers += 1
-        if pid is not None:
-          self.pids[pid] = self.pids.get(pid, 0) + 1
-          if len(self.pids) > MAX_PIDS: self.pids = {p: n for p, n in self.pids.items() if os.path.exists(f"/proc/{p}")}
-      elif kind == b"\x00":   # a subscriber left (our subscribers never unsubscribe while connected)
+        if (pid := _peer_pid(frame)) is not None:
+          self.pids.add(pid)
+          if len(self.pids) > MAX_PIDS: self.pids = _alive(self.pids)
+      elif kind == b"\x00":   # a subscriber left (our subscribers never unsubscribe while connected): libzmq says not who
         self.sock.setsockopt(zmq.UNSUBSCRIBE, topic)
         self.readers = max(0, self.readers - 1)
-        if pid is not None and (n := self.pids.pop(pid, 0)) > 1: self.pids[pid] = n - 1
 
 def _peer_pid(frame: zmq.Frame) -> int | None:
   """The process that sent a local subscription: libzmq gives an ipc peer's credentials (SO_PEERCRED) as its
-  Peer-Address, "...:uid:gid:pid". None where it cannot tell (a left peer's unsubscription carries none)."""
+  Peer-Address, "...:uid:gid:pid". None where it cannot tell."""
   try: return int(frame.get("Peer-Address").rsplit(":", 1)[1])
   except (zmq.ZMQError, ValueError, IndexError, TypeError): return None
+
+def _alive(pids: set[int]) -> set[int]: return {p for p in pids if os.path.exists(f"/proc/{p}")}
 
 def _tell_live(token: bytes, owner: bytes) -> None:
   """One datagram to the subscriber waiting on `token`: every subscription it made before the token is applied, and
@@ -235,7 +236,7 @@ class PubSocket:
     with self._st.mutex:
       if self._st.closed: return set()
       self._st.process()
-      return {p for p in self._st.pids if os.path.exists(f"/proc/{p}")}
+      return _alive(self._st.pids)
 
   def all_readers_updated(self) -> bool:
     """True when at least one reader is subscribed. ZMQ delivers every message to every subscribed reader in
