@@ -58,22 +58,25 @@ def native() -> _Native:
         except ValueError: ctypes.CDLL(None).signal(signal.SIGUSR2, ctypes.c_void_p(1))   # not the main thread: SIG_IGN
   return _native
 
+def _status(tid: int, keys: tuple[bytes, ...]) -> dict[bytes, list[bytes]]:
+  """These fields of /proc/<tid>/status, split ({} for no live thread)."""
+  try:
+    with open(f"/proc/{tid}/status", "rb") as f: status = f.read()
+  except (OSError, ValueError): return {}
+  return {k: v.split() for k, _, v in (line.partition(b":") for line in status.splitlines()) if k in keys}
+
 def wakeable(tid: int) -> int:
   """tid if it is a thread of a process of our user that catches or ignores SIGUSR2 (openpilot's readers set a handler,
   ours ignore it), else 0: a reader slot is anyone's to write who can write the file, and SIGUSR2's default action ends
   a process, so a planted or stale tid must get nothing."""
-  try:
-    with open(f"/proc/{tid}/status", "rb") as f: status = f.read()
-  except (OSError, ValueError): return 0
-  got = {k: v.split() for k, _, v in (line.partition(b":") for line in status.splitlines()) if k in (b"Uid", b"SigIgn", b"SigCgt")}
+  got = _status(tid, (b"Uid", b"SigIgn", b"SigCgt"))
   try: return tid if int(got[b"Uid"][1]) == os.geteuid() and (int(got[b"SigIgn"][0], 16) | int(got[b"SigCgt"][0], 16)) >> 11 & 1 else 0
   except (KeyError, IndexError, ValueError): return 0
 
 def process_of(tid: int) -> int | None:
   """The process a thread id belongs to (its Tgid), None for no live thread."""
-  try:
-    with open(f"/proc/{tid}/status", "rb") as f: return int(next(l for l in f if l.startswith(b"Tgid:")).split()[1])
-  except (OSError, ValueError, StopIteration): return None
+  try: return int(_status(tid, (b"Tgid",))[b"Tgid"][0])
+  except (KeyError, IndexError, ValueError): return None
 
 def thread_signal(tid: int) -> None:
   """SIGUSR2 to one thread (openpilot's thread_signal), where wakeable() says it is a reader of ours."""
