@@ -56,7 +56,8 @@ class Lockstep:
     seen, waiting = {}, {}   # a client's process -> when it was first seen with a client; those not subscribed yet
     while not self.stop and time.monotonic() < deadline:
       now, waiting = time.monotonic(), self.unsubscribed(server, pm)
-      if all(now - seen.setdefault(pid, now) >= LOCKSTEP_STATE_S for pid in waiting): break
+      for pid in waiting: seen.setdefault(pid, now)
+      if all(now - seen[pid] >= LOCKSTEP_STATE_S for pid in waiting): break
       self.idle()
       time.sleep(0.01)
     for pid, s in waiting.items():
